@@ -1,0 +1,1 @@
+"""Components and dynamic providers of the gpu-migration program."""

@@ -1,0 +1,53 @@
+"""Bounded polling shared by the dynamic providers: progress is logged, and a timeout names what was awaited."""
+import time
+from typing import Callable, Optional, TypeVar
+
+import pulumi
+import tenacity
+
+T = TypeVar("T")
+
+
+class WaitTimeout(TimeoutError):
+    """Raised when `what` did not happen within the timeout; carries the last observed state."""
+
+
+def wait_for(
+    what: str,
+    poll: Callable[[], tuple[bool, T, str]],
+    timeout: float,
+    interval: float = 10.0,
+    log: Callable[[str], None] = pulumi.log.info,
+) -> T:
+    """Call `poll` until it returns (done=True, value, state); log `state` while waiting.
+
+    `poll` returns (done, value, human-readable state). Exceptions from `poll` propagate.
+    On timeout raises WaitTimeout naming `what`, the timeout and the last state seen.
+    """
+    started = time.monotonic()
+    last = {"state": "not polled yet"}
+
+    def attempt() -> tuple[bool, T]:
+        done, value, state = poll()
+        last["state"] = state
+        if not done:
+            log(f"waiting for {what}: {state} ({time.monotonic() - started:.0f}s of {timeout:.0f}s)")
+        return done, value
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_result(lambda result: not result[0]),
+        wait=tenacity.wait_fixed(interval),
+        stop=tenacity.stop_after_delay(timeout),
+        reraise=True,
+    )
+    try:
+        return retrying(attempt)[1]
+    except tenacity.RetryError:
+        raise WaitTimeout(
+            f"timed out after {timeout:.0f}s waiting for {what}; last state: {last['state']}"
+        ) from None
+
+
+def optional_float(value: Optional[object], default: float) -> float:
+    """Timeouts arrive from dynamic-provider inputs as numbers or strings; None means default."""
+    return default if value in (None, "") else float(value)
