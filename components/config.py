@@ -60,8 +60,8 @@ class Node(Model):
 
 
 class HelmChart(Model):
-    chart: str
-    repo: str
+    chart: str = Field(min_length=1)
+    repo: str = ""  # empty for oci:// charts
     version: str = Field(min_length=1)
     namespace: str
     values: dict[str, Any] = {}

@@ -1,0 +1,265 @@
+"""Declares the whole migration for one stack from its validated config.
+
+Order of operations (enforced with depends_on):
+  master version -> [temporary GPU pool] -> for each node past `ibm-managed`, one at a time:
+  worker replacement -> labels -> operator readiness -> next node.
+  `ibm-managed` labels -> GPU Operator (so it never touches IBM-managed nodes).
+  `dra` labels + DRA driver + DeviceClass -> preflight -> smoke Pods -> smoke verification.
+  Rollback (`dra` -> `device-plugin`): drain -> labels -> verification on the device-plugin path.
+"""
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from . import charts, dra, iks_providers, kube_providers, node_labels, smoke_test
+from .config import MigrationConfig, Node
+
+OPERATOR_NAMESPACE_DEFAULT = "gpu-operator"
+
+
+@dataclass
+class Declared:
+    """Handles on what was declared, for stack outputs and tests."""
+    master: Any = None
+    temp_pool: Any = None
+    gpu_operator: Any = None
+    dra_driver: Any = None
+    device_class: Any = None
+    preflight: Any = None
+    nodes: dict[str, "GpuNode"] = field(default_factory=dict)
+
+
+class GpuNode(pulumi.ComponentResource):
+    """Everything one GPU node needs for its configured stage; children appear under it in `pulumi preview`."""
+
+    def __init__(
+        self,
+        node: Node,
+        cfg: MigrationConfig,
+        ctx: "Context",
+        after: list[pulumi.Resource],
+        readiness_deps: list[pulumi.Resource],
+    ):
+        super().__init__("gpu-migration:index:GpuNode", node.name, {"stage": node.stage})
+        self.node = node
+        self.replacement = None
+        self.readiness = None
+        self.smoke_pod = None
+        self.verification = None
+        child = pulumi.ResourceOptions(parent=self, provider=ctx.k8s_provider)
+        t = cfg.timeouts
+
+        # Any stage past ibm-managed runs on a worker replaced at the target version (idempotent once done).
+        self.hostname: pulumi.Input[str] = node.name
+        label_deps: list[pulumi.Resource] = []
+        if node.stage != "ibm-managed":
+            self.replacement = iks_providers.WorkerReplacement(
+                f"{node.name}-replacement",
+                cluster=cfg.cluster_name,
+                worker_id=node.worker_id,
+                node_name=node.name,
+                kube_version=cfg.kube_version,
+                api=ctx.ibm_api,
+                timeout=t.worker_replace,
+                poll_interval=t.poll_interval,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=after),
+            )
+            self.hostname = self.replacement.node_name
+            self.hostname.apply(lambda actual: _warn_renamed(node, actual))
+            label_deps.append(self.replacement)
+
+        self.drain = None
+        if node.stage == "device-plugin":
+            # Rollback from dra: cordon and let GPU pods finish before the labels switch (no-op otherwise).
+            self.drain = kube_providers.NodeDrain(
+                f"{node.name}-drain",
+                kubeconfig=cfg.kubeconfig,
+                node=self.hostname,
+                pilot_label=cfg.pilot_label,
+                extended_resource=cfg.extended_resource_name,
+                timeout=t.drain,
+                poll_interval=t.poll_interval,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=label_deps),
+            )
+            label_deps.append(self.drain)
+
+        self.labels = node_labels.node_patch(
+            f"{node.name}-labels",
+            self.hostname,
+            node_labels.stage_labels(node.stage, cfg.pilot_label_pair),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=label_deps)),
+        )
+
+        self.rollback = None
+        if self.drain is not None:
+            self.rollback = kube_providers.RollbackVerification(
+                f"{node.name}-rollback",
+                kubeconfig=cfg.kubeconfig,
+                node=self.hostname,
+                rolling_back=self.drain.rolling_back,
+                extended_resource=cfg.extended_resource_name,
+                image=cfg.smoke_test.image,
+                namespace=cfg.smoke_test.namespace,
+                timeout=t.smoke_test,
+                poll_interval=t.poll_interval,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.labels]),
+            )
+        if self.replacement is not None:
+            self._declare_readiness(cfg, readiness_deps)
+        self.register_outputs({"stage": node.stage})
+
+    def _declare_readiness(self, cfg: MigrationConfig, deps: list[pulumi.Resource]) -> None:
+        """Operand pods up and GPUs allocatable on the replaced node; the next node waits for this."""
+        t = cfg.timeouts
+        self.readiness = kube_providers.OperatorReadiness(
+            f"{self.node.name}-operator-ready",
+            kubeconfig=cfg.kubeconfig,
+            node=self.hostname,
+            stage=self.node.stage,
+            namespace=cfg.gpu_operator.namespace,
+            timeout=t.operator_ready,
+            poll_interval=t.poll_interval,
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[self.labels, *deps, *filter(None, [self.replacement, self.rollback])]
+            ),
+        )
+
+    def declare_smoke_test(self, cfg: MigrationConfig, ctx: "Context", deps: list[pulumi.Resource]) -> None:
+        self.smoke_pod = smoke_test.smoke_pod(
+            self.node.name,
+            self.hostname,
+            cfg.smoke_test,
+            cfg.extended_resource_name,
+            cfg.pilot_label_pair,
+            opts=pulumi.ResourceOptions(parent=self, provider=ctx.k8s_provider, depends_on=deps),
+        )
+        t = cfg.timeouts
+        self.verification = kube_providers.SmokeTestVerification(
+            f"{self.node.name}-smoke-verification",
+            kubeconfig=cfg.kubeconfig,
+            namespace=cfg.smoke_test.namespace,
+            pod_name=self.smoke_pod.metadata.name,
+            pod_uid=self.smoke_pod.metadata.uid,
+            node=self.hostname,
+            driver=cfg.dra_driver_name,
+            extended_resource=cfg.extended_resource_name,
+            timeout=t.smoke_test,
+            poll_interval=t.poll_interval,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.smoke_pod]),
+        )
+
+
+def _warn_renamed(node: Node, actual: Optional[str]) -> None:
+    if actual and actual != node.name:
+        pulumi.log.warn(
+            f"worker {node.worker_id} was replaced and its node is now {actual!r}, not {node.name!r}; "
+            f"update name in gpu-migration:nodes to {actual!r}"
+        )
+
+
+@dataclass
+class Context:
+    k8s_provider: Optional[k8s.Provider]
+    ibm_api: dict[str, Any]
+
+
+def ibm_api(cfg: MigrationConfig) -> dict[str, Any]:
+    """IKS endpoints and the IAM API key (secret config `gpu-migration:ibmApiKey`, else IC_API_KEY in the provider)."""
+    return {
+        "endpoint": cfg.ibm_cloud.endpoint,
+        "iam_endpoint": cfg.ibm_cloud.iam_endpoint,
+        "api_key": pulumi.Config("gpu-migration").get_secret("ibmApiKey"),
+    }
+
+
+def declare(cfg: MigrationConfig) -> Declared:
+    out = Declared()
+    provider = k8s.Provider("cluster", kubeconfig=cfg.kubeconfig) if cfg.kubeconfig else None
+    ctx = Context(k8s_provider=provider, ibm_api=ibm_api(cfg))
+    k8s_opts = pulumi.ResourceOptions(provider=provider)
+    t = cfg.timeouts
+
+    # The master must be at the target version before any worker is replaced.
+    out.master = iks_providers.MasterVersion(
+        "master-version",
+        cluster=cfg.cluster_name,
+        version=cfg.kube_version,
+        api=ctx.ibm_api,
+        timeout=t.master_update,
+        poll_interval=t.poll_interval,
+    )
+    after: list[pulumi.Resource] = [out.master]
+    pool = cfg.temp_gpu_pool
+    if pool.enabled:
+        out.temp_pool = iks_providers.TempGpuPool(
+            "temp-gpu-pool",
+            cluster=cfg.cluster_name,
+            pool_name=pool.name,
+            flavor=pool.flavor,
+            zone=pool.zone,
+            vpc_id=pool.vpc_id,
+            subnet_id=pool.subnet_id,
+            size_per_zone=pool.size_per_zone,
+            api=ctx.ibm_api,
+            timeout=t.worker_pool,
+            poll_interval=t.poll_interval,
+            opts=pulumi.ResourceOptions(depends_on=[out.master]),
+        )
+        after.append(out.temp_pool)
+
+    # ibm-managed nodes are labelled first so the GPU Operator never deploys onto them.
+    ibm_managed = [GpuNode(n, cfg, ctx, [], []) for n in cfg.nodes_in("ibm-managed")]
+    out.gpu_operator = charts.gpu_operator_release(
+        cfg.gpu_operator, opts=pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[n.labels for n in ibm_managed]))
+    )
+    readiness_deps: list[pulumi.Resource] = [out.gpu_operator]
+    if cfg.nodes_in("dra"):
+        # Kept while any node is dra; removed (after all updates) once none is.
+        out.dra_driver = charts.dra_driver_release(cfg.dra_driver, cfg.pilot_label_pair, opts=k8s_opts)
+        out.device_class = dra.device_class(
+            cfg.extended_resource_name, cfg.dra_driver_name, cfg.device_selectors, opts=k8s_opts
+        )
+        readiness_deps.append(out.dra_driver)
+
+    # Nodes past ibm-managed are replaced one at a time, in config order: each waits for the previous one's readiness.
+    migrated: list[GpuNode] = []
+    for node in cfg.nodes_in("device-plugin", "dra"):
+        previous = [migrated[-1].readiness] if migrated else []
+        migrated.append(GpuNode(node, cfg, ctx, after + previous, readiness_deps))
+    gpu_nodes = {n.node.name: n for n in ibm_managed + migrated}
+    out.nodes = {n.name: gpu_nodes[n.name] for n in cfg.nodes}
+    dra_nodes = [n for n in migrated if n.node.stage == "dra"]
+
+    if dra_nodes:
+        out.preflight = kube_providers.DraPreflight(
+            "dra-preflight",
+            kubeconfig=cfg.kubeconfig,
+            driver=cfg.dra_driver_name,
+            extended_resource=cfg.extended_resource_name,
+            dra_nodes=[n.hostname for n in dra_nodes],
+            all_nodes=[n.hostname for n in out.nodes.values()],
+            timeout=t.operator_ready,
+            poll_interval=t.poll_interval,
+            opts=pulumi.ResourceOptions(
+                depends_on=[out.dra_driver, out.device_class, *(n.labels for n in dra_nodes),
+                            *(n.readiness for n in dra_nodes)]
+            ),
+        )
+        namespace = smoke_test.smoke_namespace(cfg.smoke_test, opts=k8s_opts)
+        for gpu_node in dra_nodes:
+            gpu_node.declare_smoke_test(cfg, ctx, [out.preflight, namespace])
+    return out
+
+
+def export(out: Declared) -> None:
+    """Per-node stage, worker and verification, read by operators and `pulumi stack output`."""
+    for name, gpu_node in out.nodes.items():
+        entry: dict[str, Any] = {"stage": gpu_node.node.stage, "workerId": gpu_node.node.worker_id}
+        if gpu_node.replacement is not None:
+            entry["replacedWorkerId"] = gpu_node.replacement.new_worker_id
+            entry["nodeName"] = gpu_node.replacement.node_name
+        if gpu_node.verification is not None:
+            entry["smokeTest"] = gpu_node.verification.result
+        pulumi.export(f"node:{name}", entry)
