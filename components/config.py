@@ -13,6 +13,7 @@ from pydantic.alias_generators import to_camel
 NAMESPACE = "gpu-migration"
 STAGES = ("ibm-managed", "device-plugin", "dra")
 Stage = Literal["ibm-managed", "device-plugin", "dra"]
+MIN_MINOR = {"device-plugin": 36, "dra": 37}  # kube minor each stage needs
 
 # Kubernetes name grammars (apimachinery validation).
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -175,6 +176,19 @@ class MigrationConfig(Model):
                 seen.add(value)
         return self
 
+    @model_validator(mode="after")
+    def _version_supports_stages(self) -> "MigrationConfig":
+        """The GPU Operator path needs workers at >= 1.36, DRA extended resources >= 1.37."""
+        minor = int(self.kube_version.split(".")[1]) if self.kube_version.startswith("1.") else 99
+        for node in self.nodes:
+            needed = MIN_MINOR.get(node.stage, 0)
+            if minor < needed:
+                raise ValueError(
+                    f"node {node.name!r} is at stage {node.stage!r}, which needs kubeVersion >= 1.{needed} "
+                    f"(got {self.kube_version!r})"
+                )
+        return self
+
     # Derived views used by the components.
     @property
     def pilot_label_pair(self) -> tuple[str, str]:
@@ -217,7 +231,9 @@ def parse(raw: dict[str, Any]) -> MigrationConfig:
 def raw_from_pulumi() -> dict[str, Any]:
     """Every `gpu-migration:*` key of the current stack, JSON values decoded (unknown keys are kept so they fail)."""
     raw: dict[str, Any] = {}
-    for env_key, value in pulumi.runtime.get_config_env().items():
+    # The language host passes config via set_all_config (CONFIG); older hosts via PULUMI_CONFIG.
+    everything = {**pulumi.runtime.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
+    for env_key, value in everything.items():
         namespace, _, key = env_key.partition(":")
         if namespace != NAMESPACE or key in ("ibmApiKey",):  # the API key is a secret read on its own
             continue
