@@ -122,3 +122,7 @@ def test_api_key_comes_from_secret_config():
     run = run_program(stack_config("prod"), secrets={"ibmApiKey": "secret-key"})
     assert run.named("master-version").inputs["api"]["api_key"] == "secret-key"
     assert "secret-key" not in str(run.named("10.241.0.21-replacement").inputs.get("__provider", ""))
+
+
+def test_preview_declares_the_same_resources(pilot_run):
+    assert run_program(stack_config("pilot"), preview=True).names() == pilot_run.names()
