@@ -81,7 +81,7 @@ class GpuNode(pulumi.ComponentResource):
                 extended_resource=cfg.extended_resource_name,
                 timeout=t.drain,
                 poll_interval=t.poll_interval,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=label_deps),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=list(label_deps)),
             )
             label_deps.append(self.drain)
 
@@ -119,6 +119,7 @@ class GpuNode(pulumi.ComponentResource):
             node=self.hostname,
             stage=self.node.stage,
             namespace=cfg.gpu_operator.namespace,
+            driver=cfg.dra_driver_name,
             timeout=t.operator_ready,
             poll_interval=t.poll_interval,
             opts=pulumi.ResourceOptions(

@@ -1,0 +1,379 @@
+"""Dynamic resources that check and act on the live cluster with the official kubernetes client.
+
+Each provider builds its ApiClient per call from `kubeconfig` (None: KUBECONFIG or ~/.kube/config): providers are
+dill-serialized into the state (by reference to this module), so they hold no clients. Every wait is bounded
+(components.waiting.wait_for); a failed check fails `up` with a message naming the node, pod or device, and the next
+`up` retries it.
+"""
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any, Optional, Sequence
+
+import pulumi
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
+
+from . import kube_checks
+from .waiting import WaitTimeout, optional_float, wait_for
+
+VERIFICATION_ANNOTATION = "migration.example.com/gpu-verification"
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+ROLLBACK_COMMAND = ["sh", "-c", "nvidia-smi -L"]
+
+
+class CheckFailed(Exception):
+    """A cluster check did not pass; the message lists what was seen."""
+
+
+def _client(kubeconfig: Optional[str]):
+    return config.new_client_from_config(config_file=kubeconfig or None)
+
+
+def _bullets(problems: Sequence[str]) -> str:
+    return "".join(f"\n  - {p}" for p in problems)
+
+
+def _record(api, node: str, record: dict[str, Any]) -> None:
+    """Store the last verification on the node, for `python -m components.status`."""
+    record = {**record, "checkedAt": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    body = {"metadata": {"annotations": {VERIFICATION_ANNOTATION: json.dumps(record, sort_keys=True)}}}
+    client.CoreV1Api(api).patch_node(node, body)
+
+
+def _set_unschedulable(api, node: str, unschedulable: bool) -> None:
+    client.CoreV1Api(api).patch_node(node, {"spec": {"unschedulable": unschedulable or None}})
+
+
+class _Provider(ResourceProvider):
+    """create() runs the check; a change of any input in `rerun_on` replaces the resource (runs it again)."""
+
+    rerun_on: tuple[str, ...] = ()
+
+    def run(self, api, props: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        with _client(props.get("kubeconfig")) as api:
+            outs = self.run(api, props)
+        return CreateResult(id_=f"{type(self).__name__}-{time.time_ns()}", outs={**props, **outs})
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        replaces = [k for k in self.rerun_on if olds.get(k) != news.get(k)]
+        changed = replaces or [k for k in news if olds.get(k) != news.get(k)]
+        return DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=True)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        return UpdateResult(outs={**olds, **news})  # only timeouts/kubeconfig changed: nothing to re-run
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        pass  # checks leave nothing behind
+
+
+def _timing(props: dict[str, Any], timeout: float) -> dict[str, float]:
+    return {"timeout": optional_float(props.get("timeout"), timeout),
+            "interval": optional_float(props.get("poll_interval"), 15)}
+
+
+def _wait_until_no_problems(what: str, check, props: dict[str, Any], default_timeout: float) -> None:
+    def poll():
+        problems = check()
+        return not problems, problems, "; ".join(problems)
+
+    timing = _timing(props, default_timeout)
+    try:
+        wait_for(what, poll, **timing)
+    except WaitTimeout:
+        raise CheckFailed(f"{what} did not pass within {timing['timeout']:.0f}s:{_bullets(check())}") from None
+
+
+# --- DRA preflight ---------------------------------------------------------------------------------------------
+
+
+class _DraPreflightProvider(_Provider):
+    rerun_on = ("driver", "extended_resource", "dra_nodes", "all_nodes")
+
+    def run(self, api, p):
+        check = lambda: kube_checks.preflight(api, p["driver"], p["extended_resource"], p["dra_nodes"], p["all_nodes"])
+        _wait_until_no_problems(f"DRA preflight for driver {p['driver']}", check, p, 1800)
+        return {"checked_nodes": sorted(p["dra_nodes"])}
+
+
+class DraPreflight(Resource, module="gpu-migration", name="DraPreflight"):
+    """Waits until DRA extended resources are served and driver slices exist exactly on the dra nodes."""
+
+    checked_nodes: pulumi.Output[list[str]]
+
+    def __init__(
+        self,
+        name: str,
+        kubeconfig: pulumi.Input[Optional[str]],
+        driver: pulumi.Input[str],
+        extended_resource: pulumi.Input[str],
+        dra_nodes: pulumi.Input[Sequence[pulumi.Input[str]]],
+        all_nodes: pulumi.Input[Sequence[pulumi.Input[str]]],
+        timeout: pulumi.Input[float],
+        poll_interval: pulumi.Input[float],
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ):
+        props = dict(kubeconfig=kubeconfig, driver=driver, extended_resource=extended_resource, dra_nodes=dra_nodes,
+                     all_nodes=all_nodes, timeout=timeout, poll_interval=poll_interval, checked_nodes=None)
+        super().__init__(_DraPreflightProvider(), name, props, opts)
+
+
+# --- Smoke-test verification -------------------------------------------------------------------------------------
+
+
+def _wait_for_pod_end(api, namespace: str, name: str, uid: Optional[str], props: dict[str, Any], default: float):
+    """Wait until the pod Succeeded/Failed (or is unschedulable); return it."""
+    def poll():
+        try:
+            pod = client.CoreV1Api(api).read_namespaced_pod(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return False, None, "pod not found"
+            raise
+        if uid and pod.metadata.uid != uid:
+            return False, None, f"pod has uid {pod.metadata.uid}, expected {uid}"
+        phase = pod.status.phase if pod.status else None
+        unschedulable = [c for c in (pod.status.conditions or []) if pod.status
+                         if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"]
+        state = f"phase {phase}" + "".join(f", unschedulable: {c.message}" for c in unschedulable)
+        return phase in kube_checks.TERMINAL or bool(unschedulable), pod, state
+
+    return wait_for(f"pod {namespace}/{name} to finish", poll, **_timing(props, default))
+
+
+class _SmokeTestVerificationProvider(_Provider):
+    rerun_on = ("namespace", "pod_name", "pod_uid", "node", "driver", "extended_resource")
+
+    def run(self, api, p):
+        node, pod = p["node"], f"{p['namespace']}/{p['pod_name']}"
+        try:
+            _wait_for_pod_end(api, p["namespace"], p["pod_name"], p.get("pod_uid"), p, 600)
+            result = kube_checks.verify_smoke(
+                api, p["namespace"], p["pod_name"], node, p["driver"], p["extended_resource"]
+            )
+        except WaitTimeout as e:
+            result = kube_checks.SmokeResult(problems=[f"criterion 4 (GPU operation): {e}"])
+        passed = not result.problems
+        _record(api, node, {"path": "dra", "result": "passed" if passed else "failed", "pod": pod,
+                            "gpu": result.gpu_uuid, "device": result.device, "problems": result.problems})
+        if not passed:
+            raise CheckFailed(f"smoke test {pod} on node {node} failed:{_bullets(result.problems)}")
+        summary = f"passed: {pod} used {result.device} ({result.gpu_uuid}) via {result.claim}"
+        pulumi.log.info(f"node {node}: smoke test {summary}")
+        return {"gpu_uuid": result.gpu_uuid, "device": result.device, "claim": result.claim, "result": summary}
+
+
+class SmokeTestVerification(Resource, module="gpu-migration", name="SmokeTestVerification"):
+    """Judges the node's smoke-test Pod by the four criteria; re-runs when the Pod is replaced (new uid)."""
+
+    gpu_uuid: pulumi.Output[str]
+    device: pulumi.Output[str]  # <driver>/<pool>/<device>
+    claim: pulumi.Output[str]  # namespace/name of the ResourceClaim generated for the Pod
+    result: pulumi.Output[str]
+
+    def __init__(
+        self,
+        name: str,
+        kubeconfig: pulumi.Input[Optional[str]],
+        namespace: pulumi.Input[str],
+        pod_name: pulumi.Input[str],
+        pod_uid: pulumi.Input[str],
+        node: pulumi.Input[str],
+        driver: pulumi.Input[str],
+        extended_resource: pulumi.Input[str],
+        timeout: pulumi.Input[float],
+        poll_interval: pulumi.Input[float],
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ):
+        props = dict(kubeconfig=kubeconfig, namespace=namespace, pod_name=pod_name, pod_uid=pod_uid, node=node,
+                     driver=driver, extended_resource=extended_resource, timeout=timeout, poll_interval=poll_interval,
+                     gpu_uuid=None, device=None, claim=None, result=None)
+        super().__init__(_SmokeTestVerificationProvider(), name, props, opts)
+
+
+# --- GPU Operator readiness ------------------------------------------------------------------------------------------
+
+
+class _OperatorReadinessProvider(_Provider):
+    rerun_on = ("node", "stage", "namespace", "driver")
+
+    def run(self, api, p):
+        check = lambda: kube_checks.operator_ready(api, p["node"], p["namespace"], p["stage"], p.get("driver"))
+        _wait_until_no_problems(f"GPU Operator on node {p['node']} ({p['stage']})", check, p, 1800)
+        return {"ready": True}
+
+
+class OperatorReadiness(Resource, module="gpu-migration", name="OperatorReadiness"):
+    """Waits until the node's operand pods run/completed and its GPUs are allocatable on the stage's path."""
+
+    ready: pulumi.Output[bool]
+
+    def __init__(
+        self,
+        name: str,
+        kubeconfig: pulumi.Input[Optional[str]],
+        node: pulumi.Input[str],
+        stage: pulumi.Input[str],
+        namespace: pulumi.Input[str],
+        timeout: pulumi.Input[float],
+        poll_interval: pulumi.Input[float],
+        driver: pulumi.Input[Optional[str]] = None,  # dra stage: count only this driver's devices
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ):
+        props = dict(kubeconfig=kubeconfig, node=node, stage=stage, namespace=namespace, driver=driver,
+                     timeout=timeout, poll_interval=poll_interval, ready=None)
+        super().__init__(_OperatorReadinessProvider(), name, props, opts)
+
+
+# --- Rollback (dra -> device-plugin) ---------------------------------------------------------------------------------
+
+
+class _NodeDrainProvider(_Provider):
+    rerun_on = ("node", "pilot_label", "extended_resource")
+
+    def run(self, api, p):
+        node = p["node"]
+        key, _, value = p["pilot_label"].partition("=")
+        labels = client.CoreV1Api(api).read_node(node).metadata.labels or {}
+        if labels.get(key) != value:
+            return {"rolling_back": False}
+        pulumi.log.info(f"node {node} still has {key}={value}: rolling back from dra, cordoning it")
+        _set_unschedulable(api, node, True)
+
+        def poll():
+            pods = kube_checks.gpu_pods(api, node, p["extended_resource"])
+            return not pods, pods, f"GPU pods still running: {', '.join(pods)}"
+
+        wait_for(f"GPU pods on node {node} to finish", poll, **_timing(p, 1800))
+        return {"rolling_back": True}
+
+
+class NodeDrain(Resource, module="gpu-migration", name="NodeDrain"):
+    """For a device-plugin node still carrying the pilot label: cordon, wait for its GPU pods to finish."""
+
+    rolling_back: pulumi.Output[bool]
+
+    def __init__(
+        self,
+        name: str,
+        kubeconfig: pulumi.Input[Optional[str]],
+        node: pulumi.Input[str],
+        pilot_label: pulumi.Input[str],  # key=value
+        extended_resource: pulumi.Input[str],
+        timeout: pulumi.Input[float],
+        poll_interval: pulumi.Input[float],
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ):
+        props = dict(kubeconfig=kubeconfig, node=node, pilot_label=pilot_label, extended_resource=extended_resource,
+                     timeout=timeout, poll_interval=poll_interval, rolling_back=None)
+        super().__init__(_NodeDrainProvider(), name, props, opts)
+
+
+def rollback_pod(node: str, extended_resource: str, image: str, command: list[str]) -> dict[str, Any]:
+    one = {extended_resource: "1"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": f"gpu-rollback-check-{node}-"[:58],
+                     "labels": {"app.kubernetes.io/name": "gpu-rollback-check"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            # The node is cordoned until this pod passes.
+            "tolerations": [{"key": UNSCHEDULABLE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "smoke", "image": image, "command": command,
+                            "resources": {"requests": one, "limits": one}}],
+        },
+    }
+
+
+def rollback_problems(api, pod, node: str) -> tuple[list[str], str]:
+    """The device-plugin smoke pod ran on the node, not through DRA, succeeded and logged a GPU UUID."""
+    name = f"{pod.metadata.namespace}/{pod.metadata.name}"
+    problems = []
+    if pod.spec.node_name != node:
+        problems.append(f"pod {name} ran on node {pod.spec.node_name!r}, expected {node!r}")
+    if pod.status.extended_resource_claim_status:
+        problems.append(f"pod {name} got its GPU through DRA (extendedResourceClaimStatus set), not the device plugin")
+    if pod.status.phase != "Succeeded":
+        problems.append(f"pod {name} phase {pod.status.phase}")
+    log = kube_checks.pod_log(api, pod)
+    uuids = kube_checks.logged_uuids(log)
+    if not uuids:
+        problems.append(f"pod {name} logs name no GPU UUID; logs: {log[-300:]!r}")
+    return problems, ",".join(uuids)
+
+
+class _RollbackVerificationProvider(_Provider):
+    rerun_on = ("node", "rolling_back", "extended_resource", "image", "namespace", "command")
+
+    def run(self, api, p):
+        if not p.get("rolling_back"):
+            return {"gpu_uuid": "", "result": "not rolling back"}
+        node = p["node"]
+        try:
+            gpu_uuid = self._verify(api, p)
+        except (CheckFailed, WaitTimeout) as e:
+            _record(api, node, {"path": "device-plugin", "result": "failed", "problems": [str(e)]})
+            raise CheckFailed(
+                f"rollback of node {node} to the device plugin failed: {e}\n"
+                f"node {node} is left cordoned; fix the cause and run `pulumi up` again "
+                f"(or `kubectl uncordon {node}` to accept it as is)"
+            ) from None
+        _set_unschedulable(api, node, False)
+        _record(api, node, {"path": "device-plugin", "result": "passed", "gpu": gpu_uuid})
+        return {"gpu_uuid": gpu_uuid, "result": f"passed: device-plugin GPU {gpu_uuid}; node {node} uncordoned"}
+
+    def _verify(self, api, p) -> str:
+        core, node, ns, resource = client.CoreV1Api(api), p["node"], p["namespace"], p["extended_resource"]
+
+        def allocatable():
+            count = kube_checks.allocatable(core.read_node(node), resource)
+            return count > 0, count, f"{resource} allocatable {count}"
+
+        wait_for(f"device plugin to offer {resource} on node {node}", allocatable, **_timing(p, 600))
+        try:
+            core.create_namespace({"metadata": {"name": ns}})
+        except ApiException as e:
+            if e.status not in (403, 409):  # exists, or we may not create namespaces (then the pod create says so)
+                raise
+        body = rollback_pod(node, resource, p["image"], p.get("command") or ROLLBACK_COMMAND)
+        name = core.create_namespaced_pod(ns, body).metadata.name
+        try:
+            pod = _wait_for_pod_end(api, ns, name, None, p, 600)
+            problems, gpu_uuid = rollback_problems(api, pod, node)
+        finally:
+            core.delete_namespaced_pod(name, ns)
+        if problems:
+            raise CheckFailed(_bullets(problems))
+        return gpu_uuid
+
+
+class RollbackVerification(Resource, module="gpu-migration", name="RollbackVerification"):
+    """After the labels switched back: device-plugin GPUs allocatable, a smoke pod passes, then uncordon."""
+
+    gpu_uuid: pulumi.Output[str]
+    result: pulumi.Output[str]
+
+    def __init__(
+        self,
+        name: str,
+        kubeconfig: pulumi.Input[Optional[str]],
+        node: pulumi.Input[str],
+        rolling_back: pulumi.Input[bool],
+        extended_resource: pulumi.Input[str],
+        image: pulumi.Input[str],
+        namespace: pulumi.Input[str],
+        timeout: pulumi.Input[float],
+        poll_interval: pulumi.Input[float],
+        command: Optional[pulumi.Input[Sequence[str]]] = None,  # default: nvidia-smi -L
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ):
+        props = dict(kubeconfig=kubeconfig, node=node, rolling_back=rolling_back, extended_resource=extended_resource,
+                     image=image, namespace=namespace, command=command, timeout=timeout, poll_interval=poll_interval,
+                     gpu_uuid=None, result=None)
+        super().__init__(_RollbackVerificationProvider(), name, props, opts)
