@@ -248,7 +248,13 @@ class _NodeDrainProvider(_Provider):
             pods = kube_checks.gpu_pods(api, node, p["extended_resource"])
             return not pods, pods, f"GPU pods still running: {', '.join(pods)}"
 
-        wait_for(f"GPU pods on node {node} to finish", poll, **_timing(p, 1800))
+        try:
+            wait_for(f"GPU pods on node {node} to finish", poll, **_timing(p, 1800))
+        except WaitTimeout as e:
+            raise CheckFailed(
+                f"{e}\nnode {node} is left cordoned with its labels unchanged; let those pods finish (or move them) "
+                f"and run `pulumi up` again to continue the rollback"
+            ) from None
         return {"rolling_back": True}
 
 

@@ -9,7 +9,6 @@ from kubernetes import config as kube_config
 
 from components import kube_checks, kube_providers, status
 from components.kube_providers import VERIFICATION_ANNOTATION, CheckFailed
-from components.waiting import WaitTimeout
 from tests.emulators.kube import KubeEmulator, openapi_resource_v1
 
 DRIVER, ER, NS = "gpu.example.com", "example.com/gpu", "gpu-pilot"
@@ -295,10 +294,11 @@ def test_drain_waits_for_pods_with_resource_claims_and_times_out_naming_them(dra
     kube.add_pod("ml", "training", node="n1", requests={ER: "1"})
     claimed = kube.add_pod("ml", "inference", node="n1")
     claimed["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "inference-gpu"}]
-    with pytest.raises(WaitTimeout) as e:
+    with pytest.raises(kube_providers.CheckFailed) as e:
         drain(kubeconfig, **SHORT)
-    assert "GPU pods on node n1 to finish" in str(e.value)
+    assert "waiting for GPU pods on node n1 to finish" in str(e.value)
     assert "GPU pods still running: ml/inference, ml/training" in str(e.value)
+    assert "node n1 is left cordoned" in str(e.value)
     assert kube.nodes["n1"]["spec"]["unschedulable"] is True
 
 
