@@ -41,6 +41,7 @@ class GpuNode(pulumi.ComponentResource):
         ctx: "Context",
         after: list[pulumi.Resource],
         readiness_deps: list[pulumi.Resource],
+        other_worker_ids: Optional[list[pulumi.Input[str]]] = None,
     ):
         super().__init__("gpu-migration:index:GpuNode", node.name, {"stage": node.stage})
         self.node = node
@@ -64,6 +65,7 @@ class GpuNode(pulumi.ComponentResource):
                 api=ctx.ibm_api,
                 timeout=t.worker_replace,
                 poll_interval=t.poll_interval,
+                other_worker_ids=other_worker_ids,  # lets a resumed replacement tell its new worker from siblings
                 opts=pulumi.ResourceOptions(parent=self, depends_on=after),
             )
             self.hostname = self.replacement.node_name
@@ -228,7 +230,8 @@ def declare(cfg: MigrationConfig) -> Declared:
     migrated: list[GpuNode] = []
     for node in cfg.nodes_in("device-plugin", "dra"):
         previous = [migrated[-1].readiness] if migrated else []
-        migrated.append(GpuNode(node, cfg, ctx, after + previous, readiness_deps))
+        siblings = [n.worker_id for n in cfg.nodes if n != node] + [m.replacement.new_worker_id for m in migrated]
+        migrated.append(GpuNode(node, cfg, ctx, after + previous, readiness_deps, siblings))
     gpu_nodes = {n.node.name: n for n in ibm_managed + migrated}
     out.nodes = {n.name: gpu_nodes[n.name] for n in cfg.nodes}
     dra_nodes = [n for n in migrated if n.node.stage == "dra"]

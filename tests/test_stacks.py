@@ -39,6 +39,9 @@ def test_pilot_declares_each_stage(pilot_run):
     assert {"gpu-operator", "dra-driver", "device-class", "dra-preflight", "smoke-namespace"} <= run.names()
     replacement = run.named(f"{DP_NODE}-replacement").inputs
     assert (replacement["worker_id"], replacement["kube_version"]) == ("kube-pilot0001-gpu-00000102", "1.37")
+    # Siblings' configured IDs and the earlier node's new worker, so a resumed replacement never picks a sibling.
+    assert sorted(replacement["other_worker_ids"]) == sorted(
+        ["kube-pilot0001-gpu-00000101", "kube-pilot0001-gpu-00000103", "kube-pilot0001-gpu-00000101-new"])
     assert run.named(f"smoke-{DRA_NODE}").inputs["spec"]["nodeSelector"]["kubernetes.io/hostname"] == DRA_NODE
     preflight = run.named("dra-preflight").inputs
     assert preflight["dra_nodes"] == [DRA_NODE]

@@ -1,0 +1,213 @@
+"""Small IBM Cloud Kubernetes Service (IKS, VPC) API client on ibm-cloud-sdk-core, plus helpers over its JSON.
+
+Paths follow the IKS global API (https://containers.cloud.ibm.com/global/swagger-global-api):
+  GET  /v2/vpc/getCluster, PUT /v1/clusters/{cluster} (master update),
+  GET  /v2/vpc/getWorkers, GET /v2/vpc/getWorker, POST /v2/vpc/replaceWorker,
+  POST /v2/vpc/createWorkerPool, GET /v2/vpc/getWorkerPool, DELETE /v1/clusters/{cluster}/workerpools/{pool}.
+5xx/429 are retried by the SDK (BaseService.enable_retries); a 401 forces one IAM token refresh and one retry.
+"""
+import os
+import re
+from typing import Any, Optional
+
+import requests
+from ibm_cloud_sdk_core import ApiException, BaseService
+from ibm_cloud_sdk_core.authenticators import IAMAuthenticator
+
+API_KEY_ENV = "IC_API_KEY"
+API_KEY_CONFIG = "gpu-migration:ibmApiKey"
+
+
+class IksApiError(RuntimeError):
+    """An IKS or IAM call failed; the message names the call, its subject and the API's own message."""
+
+    def __init__(self, message: str, status_code: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+def api_message(error: ApiException) -> str:
+    """The IKS error body is {"code", "description", "incidentID", ...}; fall back to the SDK's parse."""
+    try:
+        body = error.http_response.json()
+    except Exception:  # noqa: BLE001 - non-JSON error bodies keep the SDK's message
+        body = {}
+    text = body.get("description") if isinstance(body, dict) else None
+    if not text:
+        return str(error.message)
+    return f"{text} (code {body['code']})" if body.get("code") else text
+
+
+class IksClient(BaseService):
+    """One instance per provider operation; never captured in pickled provider state."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        iam_endpoint: str,
+        api_key: str,
+        max_retries: int = 4,
+        retry_interval: float = 30.0,
+    ) -> None:
+        super().__init__(service_url=endpoint, authenticator=IAMAuthenticator(api_key, url=iam_endpoint))
+        self.iam_endpoint = iam_endpoint
+        self.enable_retries(max_retries=max_retries, retry_interval=retry_interval)
+
+    @classmethod
+    def from_api(cls, api: dict[str, Any], fallback_key: Optional[str] = None) -> "IksClient":
+        """`api` = {"endpoint", "iam_endpoint", "api_key" (None -> stack config / IC_API_KEY), optional retry knobs}."""
+        key = api.get("api_key") or fallback_key or os.environ.get(API_KEY_ENV)
+        if not key:
+            raise IksApiError(
+                f"no IBM Cloud API key: set the secret config {API_KEY_CONFIG} "
+                f"(pulumi config set --secret {API_KEY_CONFIG} ...) or the {API_KEY_ENV} environment variable"
+            )
+        return cls(
+            api["endpoint"],
+            api["iam_endpoint"],
+            key,
+            max_retries=int(api.get("max_retries", 4)),
+            retry_interval=float(api.get("retry_interval", 30.0)),
+        )
+
+    def _call(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        params: Optional[dict] = None,
+        body: Optional[dict] = None,
+        not_found_ok: bool = False,
+    ) -> Any:
+        """Send one request; `what` (e.g. "replace worker w1 of cluster c") prefixes every error."""
+        for attempt in (1, 2):
+            try:
+                request = self.prepare_request(
+                    method, path, params=params, data=body, headers={"Accept": "application/json"}
+                )
+            except ApiException as e:  # the IAM token request itself failed
+                raise IksApiError(
+                    f"{what}: IAM token request to {self.iam_endpoint} failed (check the API key): "
+                    f"HTTP {e.status_code}: {api_message(e)}",
+                    e.status_code,
+                ) from None
+            try:
+                return self.send(request).get_result()
+            except ApiException as e:
+                if e.status_code == 401 and attempt == 1:
+                    self.authenticator.token_manager.expire_time = 0  # expired/revoked: fetch a fresh token once
+                    continue
+                if e.status_code == 404 and not_found_ok:
+                    return None
+                raise IksApiError(f"{what} failed: HTTP {e.status_code}: {api_message(e)}", e.status_code) from None
+            except requests.RequestException as e:  # connection errors, or retries of 5xx/429 exhausted
+                raise IksApiError(f"{what} failed: {e}") from None
+        raise AssertionError("unreachable")
+
+    # Cluster master
+    def get_cluster(self, cluster: str) -> dict:
+        return self._call(f"get cluster {cluster}", "GET", "/v2/vpc/getCluster", params={"cluster": cluster})
+
+    def update_master(self, cluster: str, version: str) -> None:
+        (c,) = self.encode_path_vars(cluster)
+        self._call(
+            f"update master of cluster {cluster} to {version}", "PUT", f"/v1/clusters/{c}",
+            body={"action": "update", "version": version},
+        )
+
+    # Workers
+    def list_workers(self, cluster: str, pool: Optional[str] = None, show_deleted: bool = False) -> list[dict]:
+        params = {"cluster": cluster, "pool": pool, "showDeleted": str(show_deleted).lower()}
+        return self._call(f"list workers of cluster {cluster}", "GET", "/v2/vpc/getWorkers", params=params) or []
+
+    def get_worker(self, cluster: str, worker_id: str) -> Optional[dict]:
+        """None if the worker does not exist."""
+        return self._call(
+            f"get worker {worker_id} of cluster {cluster}", "GET", "/v2/vpc/getWorker",
+            params={"cluster": cluster, "worker": worker_id}, not_found_ok=True,
+        )
+
+    def replace_worker(self, cluster: str, worker_id: str) -> None:
+        """Replace with update=true: the new worker (new ID) runs the master's major.minor version."""
+        self._call(
+            f"replace worker {worker_id} of cluster {cluster}", "POST", "/v2/vpc/replaceWorker",
+            body={"cluster": cluster, "workerID": worker_id, "update": True},
+        )
+
+    # Worker pools
+    def create_worker_pool(
+        self, cluster: str, name: str, flavor: str, vpc_id: str, zone: str, subnet_id: str, size_per_zone: int
+    ) -> dict:
+        body = {
+            "cluster": cluster, "name": name, "flavor": flavor, "vpcID": vpc_id, "workerCount": size_per_zone,
+            "zones": [{"id": zone, "subnetID": subnet_id}],
+        }
+        return self._call(
+            f"create worker pool {name} in cluster {cluster}", "POST", "/v2/vpc/createWorkerPool", body=body
+        ) or {}
+
+    def get_worker_pool(self, cluster: str, pool: str) -> Optional[dict]:
+        """None if the pool does not exist."""
+        return self._call(
+            f"get worker pool {pool} of cluster {cluster}", "GET", "/v2/vpc/getWorkerPool",
+            params={"cluster": cluster, "workerpool": pool}, not_found_ok=True,
+        )
+
+    def remove_worker_pool(self, cluster: str, pool: str) -> None:
+        c, p = self.encode_path_vars(cluster, pool)
+        self._call(
+            f"remove worker pool {pool} from cluster {cluster}", "DELETE", f"/v1/clusters/{c}/workerpools/{p}",
+            not_found_ok=True,
+        )
+
+
+# Helpers over the API's JSON.
+
+def version_key(version: Optional[str]) -> tuple[int, ...]:
+    """'1.36.2_1530' -> (1, 36, 2, 1530); '' -> ()."""
+    return tuple(int(n) for n in re.findall(r"\d+", version or ""))
+
+
+def version_at_least(actual: Optional[str], target: str) -> bool:
+    """True if `actual` is at or above `target`, compared on as many parts as `target` has ('1.36' ~ '1.36.2_1530')."""
+    want = version_key(target)
+    have = version_key(actual)[: len(want)]
+    return bool(have) and have >= want
+
+
+def worker_version(worker: dict) -> str:
+    return (worker.get("kubeVersion") or {}).get("actual") or ""
+
+
+def is_deleting(worker: dict) -> bool:
+    """Being deleted (e.g. replaced) or already deleted."""
+    life = worker.get("lifecycle") or {}
+    return life.get("actualState") in ("deleting", "deleted") or life.get("desiredState") == "deleted"
+
+
+def is_deployed(worker: dict) -> bool:
+    life = worker.get("lifecycle") or {}
+    return life.get("actualState") == "deployed" and not life.get("pendingOperation")
+
+
+def is_ready(worker: dict) -> bool:
+    """deployed and health normal, its status "Ready" (the Kubernetes node is Ready); as terraform-provider-ibm,
+    health state normal is the signal, and a status saying "Not Ready" vetoes it."""
+    health = worker.get("health") or {}
+    return (is_deployed(worker) and health.get("state") == "normal"
+            and "not ready" not in (health.get("message") or "").lower())
+
+
+def describe_worker(worker: dict) -> str:
+    life, health = worker.get("lifecycle") or {}, worker.get("health") or {}
+    state = f"{life.get('actualState') or '?'}/{health.get('state') or '?'}"
+    message = health.get("message") or life.get("message")
+    return f"worker {worker.get('id')} {state}" + (f" ({message})" if message else "") + \
+        f", version {worker_version(worker) or '-'}"
+
+
+def primary_ip(worker: dict) -> Optional[str]:
+    """On VPC the Kubernetes node name is the worker's primary private IP."""
+    nics = worker.get("networkInterfaces") or []
+    primary = next((n for n in nics if n.get("primary")), nics[0] if nics else None)
+    return (primary or {}).get("ipAddress") or None

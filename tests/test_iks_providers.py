@@ -1,0 +1,420 @@
+"""The IKS dynamic providers against the local IKS/IAM emulator, through the real ibm-cloud-sdk-core client."""
+import asyncio
+import base64
+import os
+import pathlib
+import subprocess
+import sys
+
+import dill
+import grpc
+import pulumi
+import pytest
+from pulumi.dynamic.dynamic import serialize_provider
+from pulumi.runtime import proto, rpc
+from pulumi.runtime.proto import provider_pb2_grpc
+
+from components import iks_providers as iks
+from components.iks_api import IksApiError, IksClient
+from components.waiting import WaitTimeout
+from tests.emulators.iks import IksEmulator
+
+FAST = {"timeout": 5, "poll_interval": 0.01}
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def emu():
+    emulator = IksEmulator(master_version="1.36.1_1530").start()
+    yield emulator
+    emulator.stop()
+
+
+def replacement_props(emu: IksEmulator, worker_id: str, **overrides) -> dict:
+    return {"cluster": "gpu-cluster", "worker_id": worker_id, "node_name": "10.240.0.9", "kube_version": "1.36",
+            "api": emu.api(), **FAST, **overrides}
+
+
+def pool_props(emu: IksEmulator, **overrides) -> dict:
+    return {"cluster": "gpu-cluster", "pool_name": "gpu-migration-temp", "flavor": "gx3.16x80.l4",
+            "zone": "us-south-1", "vpc_id": "vpc-1", "subnet_id": "subnet-1", "size_per_zone": 2,
+            "api": emu.api(), **FAST, **overrides}
+
+
+def replace(emu: IksEmulator, worker_id: str, **overrides) -> dict:
+    return iks.WorkerReplacementProvider().create(replacement_props(emu, worker_id, **overrides)).outs
+
+
+def live_workers(emu: IksEmulator) -> list[dict]:
+    return [w for w in emu.workers.values() if w["lifecycle"]["desiredState"] == "deployed"]
+
+
+# Master -------------------------------------------------------------------------------------------------------
+
+def master_props(emu: IksEmulator, version: str = "1.36") -> dict:
+    return {"cluster": "gpu-cluster", "version": version, "api": emu.api(), **FAST}
+
+
+def test_master_is_updated_and_waited_for():
+    emu = IksEmulator(master_version="1.35.4_1540").start()
+    try:
+        result = iks.MasterVersionProvider().create(master_props(emu))
+        assert result.outs["actual_version"] == "1.36.1_1530"
+        assert emu.cluster["lifecycle"]["masterState"] == "deployed"
+        assert emu.count("PUT", "/v1/clusters/gpu-cluster") == 1
+        assert "api_key" not in result.outs["api"]
+    finally:
+        emu.stop()
+
+
+def test_master_at_target_is_not_updated(emu):
+    result = iks.MasterVersionProvider().create(master_props(emu))
+    assert result.outs["actual_version"] == "1.36.1_1530"
+    assert emu.count("PUT", "/v1/clusters/gpu-cluster") == 0
+
+
+def test_master_update_in_progress_is_waited_for_not_requested_again():
+    emu = IksEmulator(master_version="1.35.4_1540").start()
+    try:
+        IksClient.from_api(emu.api()).update_master("gpu-cluster", "1.36")  # an earlier, interrupted run
+        result = iks.MasterVersionProvider().create(master_props(emu))
+        assert result.outs["actual_version"] == "1.36.1_1530"
+        assert emu.count("PUT", "/v1/clusters/gpu-cluster") == 1
+    finally:
+        emu.stop()
+
+
+def test_refused_master_update_names_cluster_and_api_message():
+    emu = IksEmulator(master_version="1.35.4_1540").start()
+    try:
+        with pytest.raises(IksApiError, match=r"master of cluster gpu-cluster to 1\.99.*HTTP 400.*1\.99 is not valid"):
+            iks.MasterVersionProvider().create(master_props(emu, "1.99"))
+    finally:
+        emu.stop()
+
+
+def test_master_version_change_is_an_update_cluster_change_a_replace():
+    olds = {"cluster": "c", "version": "1.36"}
+    provider = iks.MasterVersionProvider()
+    assert provider.diff("c", olds, {"cluster": "c", "version": "1.36"}).changes is False
+    assert provider.diff("c", olds, {"cluster": "c", "version": "1.37"}).replaces == []
+    assert provider.diff("c", olds, {"cluster": "c", "version": "1.37"}).changes is True
+    assert provider.diff("c", olds, {"cluster": "d", "version": "1.36"}).replaces == ["cluster"]
+
+
+# Worker replacement -------------------------------------------------------------------------------------------
+
+def test_worker_is_replaced_at_target_version(emu):
+    old = emu.add_worker()["id"]
+    outs = replace(emu, old)
+    new = emu.workers[outs["new_worker_id"]]
+    assert outs["old_worker_id"] == old and outs["new_worker_id"] != old
+    assert new["kubeVersion"]["actual"] == "1.36.1_1530" and new["health"]["message"] == "Ready"
+    assert outs["node_name"] == new["networkInterfaces"][0]["ipAddress"] != "10.240.0.9"
+    assert outs["kube_version"] == "1.36" and outs["actual_version"] == "1.36.1_1530"
+    assert emu.workers[old]["lifecycle"]["desiredState"] == "deleted"
+    assert emu.count("POST", "/v2/vpc/replaceWorker") == 1
+    assert "api_key" not in outs["api"]
+
+
+def test_replace_that_shows_up_late_is_requested_once(emu):
+    old = emu.add_worker()["id"]
+    emu.replace_lag = 3  # the old worker still looks deployed for a few polls after the request
+    outs = replace(emu, old)
+    assert emu.count("POST", "/v2/vpc/replaceWorker") == 1
+    assert outs["new_worker_id"] != old and len(live_workers(emu)) == 1
+
+
+def test_replacement_is_told_apart_from_another_worker_provisioning_in_the_zone(emu):
+    old = emu.add_worker()["id"]
+    busy = emu.add_worker(state="provisioning")["id"]  # e.g. another node's worker being reloaded
+    emu.stick(busy)
+    outs = replace(emu, old)
+    assert outs["new_worker_id"] not in (old, busy)
+    assert emu.workers[outs["new_worker_id"]]["health"]["message"] == "Ready"
+
+
+def test_5xx_are_retried_by_the_sdk_without_a_second_replacement(emu):
+    old = emu.add_worker()["id"]
+    emu.fail_next(2, 503, path="/v2/vpc/replaceWorker")
+    emu.fail_next(3, 500, path="/v2/vpc/getWorkers")
+    outs = replace(emu, old)
+    assert emu.count("POST", "/v2/vpc/replaceWorker") == 3  # two 503s, then accepted
+    assert len(live_workers(emu)) == 1 and outs["new_worker_id"] in emu.workers
+
+
+def test_5xx_beyond_the_retry_budget_is_an_error_naming_the_call(emu):
+    emu.add_worker(worker_id="w1")
+    emu.fail_next(50, 503, path="/v2/vpc/getWorkers")
+    with pytest.raises(IksApiError, match=r"list workers of cluster gpu-cluster failed.*(503|too many)"):
+        replace(emu, "w1")
+    assert emu.count("GET", "/v2/vpc/getWorkers") == 5  # 1 + max_retries
+    assert emu.workers["w1"]["lifecycle"]["actualState"] == "deployed"
+
+
+def test_expired_token_is_refreshed_once_and_the_call_retried(emu):
+    old = emu.add_worker()["id"]
+    emu.expire_tokens_on("/v2/vpc/replaceWorker")
+    outs = replace(emu, old)
+    assert outs["new_worker_id"] != old
+    assert emu.count("POST", "/identity/token") == 2
+    assert emu.count("POST", "/v2/vpc/replaceWorker") == 2  # 401, then accepted with the new token
+
+
+def test_client_refreshes_only_once_per_call(emu):
+    client = IksClient.from_api(emu.api())
+    client.get_cluster("gpu-cluster")
+    emu.expire_tokens()
+    assert client.get_cluster("gpu-cluster")["name"] == "gpu-cluster"
+    assert emu.count("POST", "/identity/token") == 2
+
+
+def test_bad_api_key_names_iam_and_its_message(emu):
+    with pytest.raises(IksApiError, match=r"IAM token request .* failed.*Provided API key could not be found"):
+        replace(emu, "w1", api=emu.api(api_key="wrong"))
+
+
+def test_api_key_falls_back_to_env_then_fails_clearly(emu, monkeypatch):
+    emu.add_worker(version="1.36.1_1530", worker_id="w1")
+    monkeypatch.setenv("IC_API_KEY", "test-api-key")
+    assert replace(emu, "w1", api=emu.api(api_key=None))["new_worker_id"] == "w1"
+    monkeypatch.delenv("IC_API_KEY")
+    with pytest.raises(IksApiError, match=r"gpu-migration:ibmApiKey.*IC_API_KEY"):
+        replace(emu, "w1", api=emu.api(api_key=None))
+
+
+def test_api_key_from_stack_config_via_configure(emu, monkeypatch):
+    monkeypatch.delenv("IC_API_KEY", raising=False)
+    emu.add_worker(version="1.36.1_1530", worker_id="w1")
+    provider = iks.WorkerReplacementProvider()
+    config = pulumi.dynamic.Config({"gpu-migration:ibmApiKey": "test-api-key"}, "gpu-migration")
+    provider.configure(pulumi.dynamic.ConfigureRequest(config))
+    assert provider.create(replacement_props(emu, "w1", api=emu.api(api_key=None))).outs["new_worker_id"] == "w1"
+
+
+def test_stuck_provisioning_times_out_naming_workers_state_and_resume(emu):
+    old = emu.add_worker()["id"]
+    emu.stick_new_workers = True
+    with pytest.raises(WaitTimeout) as raised:
+        replace(emu, old, timeout=0.3)
+    (new,) = live_workers(emu)
+    message = str(raised.value)
+    assert f"worker {old}" in message and new["id"] in message
+    assert "provisioning" in message and "re-running `pulumi up` resumes" in message
+
+
+def test_refused_replace_is_a_clear_error_and_leaves_the_worker_untouched(emu):
+    old = emu.add_worker()["id"]
+    emu.refuse_replace[old] = (409, "The worker node cannot be replaced while the pool is rebalancing.")
+    with pytest.raises(IksApiError, match=rf"refused the replacement, worker {old} is unchanged: replace worker "
+                                          rf"{old} of cluster gpu-cluster failed: HTTP 409: .*rebalancing"):
+        replace(emu, old)
+    assert list(emu.workers) == [old]
+    assert emu.workers[old]["lifecycle"]["actualState"] == "deployed"
+
+
+def test_interrupted_replacement_resumes_without_replacing_again(emu):
+    old = emu.add_worker()["id"]
+    emu.stick_new_workers = True
+    with pytest.raises(WaitTimeout):
+        replace(emu, old, timeout=0.2)
+    (pending,) = [w["id"] for w in live_workers(emu)]
+    emu.stuck.clear()
+    outs = replace(emu, old)  # what the next `pulumi up` does: create again with the same inputs
+    assert (outs["old_worker_id"], outs["new_worker_id"]) == (old, pending)
+    assert emu.workers[pending]["health"]["message"] == "Ready"
+    assert emu.count("POST", "/v2/vpc/replaceWorker") == 1
+
+
+def test_resume_after_the_replacement_finished_skips_other_nodes_workers(emu):
+    old = emu.add_worker()["id"]
+    sibling = emu.add_worker(version="1.36.1_1530")["id"]  # another node, already migrated, same pool and zone
+    emu.stick_new_workers = True
+    with pytest.raises(WaitTimeout):
+        replace(emu, old, timeout=0.2)
+    emu.stuck.clear()
+    for _ in range(3):
+        emu.tick()  # the replacement finishes while no `pulumi up` is watching
+    (new,) = [w for w in live_workers(emu) if w["id"] != sibling]
+    assert new["lifecycle"]["actualState"] == "deployed"
+    with pytest.raises(iks.ReplacementError, match=rf"ambiguous \(.*{new['id']}.*\).*set workerId"):
+        replace(emu, old)  # without knowing the other nodes' workers it refuses to guess
+    outs = replace(emu, old, other_worker_ids=[sibling])
+    assert (outs["old_worker_id"], outs["new_worker_id"]) == (old, new["id"])
+    assert emu.count("POST", "/v2/vpc/replaceWorker") == 1
+
+
+def test_resume_waits_while_the_replacement_is_not_created_yet(emu):
+    old = emu.add_worker()["id"]
+    migrated = emu.add_worker(version="1.36.1_1530")["id"]
+    emu._delete_worker(emu.workers[old], "worker_replace")  # replaced by an earlier run; new worker not there yet
+    with pytest.raises(WaitTimeout, match="not visible yet"):
+        replace(emu, old, timeout=0.2)
+    assert emu.count("POST", "/v2/vpc/replaceWorker") == 0 and migrated in emu.workers
+
+
+
+
+def test_already_migrated_worker_is_recorded_not_replaced(emu):
+    worker = emu.add_worker(version="1.36.1_1530")
+    outs = replace(emu, worker["id"])
+    assert outs["old_worker_id"] == outs["new_worker_id"] == worker["id"]
+    assert outs["node_name"] == worker["networkInterfaces"][0]["ipAddress"]
+    assert emu.count("POST", "/v2/vpc/replaceWorker") == 0
+
+
+def test_unknown_worker_is_an_error_naming_it(emu):
+    with pytest.raises(iks.ReplacementError, match=r"worker nope not found in cluster gpu-cluster"):
+        replace(emu, "nope")
+
+
+def test_diff_accepts_the_recorded_new_worker_id(emu):
+    old = emu.add_worker()["id"]
+    olds = replace(emu, old)
+    provider = iks.WorkerReplacementProvider()
+    news = replacement_props(emu, olds["new_worker_id"], node_name=olds["node_name"])
+    assert provider.diff(old, olds, news).changes is False
+    assert provider.diff(old, olds, replacement_props(emu, old)).changes is False
+    other = provider.diff(old, olds, replacement_props(emu, "another-worker"))
+    assert other.changes is True and other.replaces == ["worker_id"]
+    assert provider.diff(old, olds, replacement_props(emu, old, kube_version="1.37")).replaces == ["kube_version"]
+
+
+def test_delete_is_a_no_op(emu):
+    old = emu.add_worker()["id"]
+    outs = replace(emu, old)
+    before = len(emu.requests)
+    iks.WorkerReplacementProvider().delete(old, outs)
+    assert len(emu.requests) == before
+    assert emu.workers[outs["new_worker_id"]]["lifecycle"]["actualState"] == "deployed"
+
+
+# Temporary GPU pool -------------------------------------------------------------------------------------------
+
+def test_temp_pool_is_created_ready_and_removed(emu, monkeypatch):
+    monkeypatch.delenv("IC_API_KEY", raising=False)
+    provider = iks.TempGpuPoolProvider()
+    # outputs hold no API key: delete gets it from the stack config the engine hands to `configure`
+    provider.configure(pulumi.dynamic.ConfigureRequest(
+        pulumi.dynamic.Config({"gpu-migration:ibmApiKey": "test-api-key"}, "gpu-migration")))
+    result = provider.create(pool_props(emu))
+    pool = next(p for p in emu.pools.values() if p["poolName"] == "gpu-migration-temp")
+    assert result.id == pool["id"] and len(result.outs["worker_ids"]) == 2
+    assert all(emu.workers[w]["health"]["message"] == "Ready" for w in result.outs["worker_ids"])
+    assert emu.count("POST", "/v2/vpc/createWorkerPool") == 1
+    provider.delete(result.id, result.outs)
+    assert not emu.pools
+    assert all(emu.workers[w]["lifecycle"]["actualState"] == "deleted" for w in result.outs["worker_ids"])
+
+
+def test_existing_temp_pool_is_adopted(emu):
+    for _ in range(2):
+        emu.add_worker(pool_name="gpu-migration-temp", version="1.36.1_1530")
+    result = iks.TempGpuPoolProvider().create(pool_props(emu))
+    assert emu.count("POST", "/v2/vpc/createWorkerPool") == 0
+    assert sorted(result.outs["worker_ids"]) == sorted(emu.workers)
+
+
+def test_temp_pool_that_never_gets_ready_times_out_naming_it(emu):
+    emu.stick_new_workers = True
+    with pytest.raises(WaitTimeout, match=r"pool gpu-migration-temp.*0/2 ready.*provisioning"):
+        iks.TempGpuPoolProvider().create(pool_props(emu, timeout=0.2))
+
+
+def test_temp_pool_shape_change_replaces_it_first(emu):
+    olds = iks.TempGpuPoolProvider().create(pool_props(emu)).outs
+    provider = iks.TempGpuPoolProvider()
+    assert provider.diff("p", olds, pool_props(emu, timeout=99)).changes is False
+    diff = provider.diff("p", olds, pool_props(emu, flavor="gx3.24x120.l40s"))
+    assert diff.replaces == ["flavor"] and diff.delete_before_replace is True
+
+
+def test_deleting_a_missing_pool_is_fine(emu, monkeypatch):
+    monkeypatch.setenv("IC_API_KEY", "test-api-key")
+    iks.TempGpuPoolProvider().delete("gone", pool_props(emu, api=emu.api(api_key=None)))
+    assert emu.count("DELETE", "/v1/clusters/gpu-cluster/workerpools/gpu-migration-temp") == 1
+
+
+# Declared under Pulumi mocks: the providers must pickle with dill --------------------------------------------
+
+class Mocks(pulumi.runtime.Mocks):
+    def __init__(self) -> None:
+        self.inputs: dict[str, dict] = {}
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        self.inputs[args.name] = dict(args.inputs)
+        extra = {"new_worker_id": "w1-new"} if "worker_id" in args.inputs else {}
+        return f"{args.name}-id", {**args.inputs, **extra}
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        return {}
+
+
+def test_resources_declare_and_their_providers_serialize():
+    mocks = Mocks()
+    pulumi.runtime.set_mocks(mocks, project="gpu-migration", stack="test", preview=False)
+    api = {"endpoint": "http://x", "iam_endpoint": "http://y", "api_key": pulumi.Output.secret("k")}
+    seen: dict[str, object] = {}
+
+    @pulumi.runtime.test
+    def program():
+        master = iks.MasterVersion("master-version", cluster="c", version="1.36", api=api)
+        worker = iks.WorkerReplacement("n1-replacement", cluster="c", worker_id="w1", node_name="10.0.0.1",
+                                       kube_version="1.36", api=api, timeout=60, poll_interval=1,
+                                       opts=pulumi.ResourceOptions(depends_on=[master]))
+        pool = iks.TempGpuPool("temp-gpu-pool", cluster="c", pool_name="p", flavor="f", zone="z", vpc_id="v",
+                               subnet_id="s", size_per_zone=1, api=api)
+        return pulumi.Output.all(worker.new_worker_id, worker.node_name, pool.pool_name, master.version).apply(
+            lambda values: seen.update(outputs=values))
+
+    program()
+    assert seen["outputs"] == ["w1-new", "10.0.0.1", "p", "1.36"]
+    kinds = {"master-version": iks.MasterVersionProvider, "n1-replacement": iks.WorkerReplacementProvider,
+             "temp-gpu-pool": iks.TempGpuPoolProvider}
+    for name, kind in kinds.items():
+        serialized = mocks.inputs[name]["__provider"]
+        if isinstance(serialized, dict):  # a secret, as the SDK always marks the serialized provider
+            serialized = serialized["value"]
+        provider = dill.loads(base64.b64decode(serialized))
+        assert type(provider).__name__ == kind.__name__
+        assert callable(provider.create)
+
+
+def test_version_and_readiness_helpers():
+    from components.iks_api import is_ready, version_at_least
+    assert version_at_least("1.36.1_1530", "1.36") and version_at_least("1.37.0_1501", "1.36")
+    assert not version_at_least("1.35.4_1540", "1.36") and not version_at_least("", "1.36")
+    assert not version_at_least("1.36.1_1530", "1.36.2")
+    worker = {"lifecycle": {"actualState": "deployed"}, "health": {"state": "normal", "message": "Ready"}}
+    assert is_ready(worker)
+    assert not is_ready({**worker, "health": {"state": "normal", "message": "Not Ready"}})
+    assert not is_ready({**worker, "health": {"state": "warning", "message": "Ready"}})
+    assert not is_ready({**worker, "lifecycle": {"actualState": "deployed", "pendingOperation": "reloading"}})
+
+
+def test_create_in_the_real_dynamic_provider_host_with_the_key_from_stack_config(emu, tmp_path):
+    """What `pulumi up` does: a separate `python -m pulumi.dynamic` process unpickles the provider, gets the stack
+    config through Configure, and runs Create over gRPC."""
+    env = {k: v for k, v in os.environ.items() if k != "IC_API_KEY"}
+    log = (tmp_path / "host.log").open("w")  # the host's pulumi.log lines (stderr outside the engine)
+    host = subprocess.Popen([sys.executable, "-m", "pulumi.dynamic"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        port = int(host.stdout.readline())
+        stub = provider_pb2_grpc.ResourceProviderStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        old = emu.add_worker()["id"]
+        props = {**replacement_props(emu, old, api=emu.api(api_key=None)), "other_worker_ids": [],
+                 "__provider": serialize_provider(iks.WorkerReplacementProvider())}
+        config = {"gpu-migration:ibmApiKey": "test-api-key"}
+        stub.Configure(proto.ConfigureRequest(args=asyncio.run(rpc.serialize_properties(config, {}))), timeout=10)
+        response = stub.Create(proto.CreateRequest(
+            urn="urn:pulumi:test::gpu-migration::pulumi-python:dynamic:Resource::n1-replacement",
+            properties=asyncio.run(rpc.serialize_properties(props, {}))), timeout=30)
+        outs = rpc.deserialize_properties(response.properties)
+        assert response.id == old and outs["old_worker_id"] == old and outs["new_worker_id"] in emu.workers
+        assert "test-api-key" not in str(outs)
+        assert f"replacing worker {old}" in (tmp_path / "host.log").read_text()
+    finally:
+        host.kill()
+        host.wait()
+        log.close()
