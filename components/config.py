@@ -67,6 +67,13 @@ class HelmChart(Model):
     namespace: str
     values: dict[str, Any] = {}
 
+    @field_validator("version")
+    @classmethod
+    def _pinned(cls, v: str) -> str:
+        if re.search(r"[\^~*<>=|, ]|\.x\b|^latest$", v):
+            raise ValueError(f"chart version {v!r} must be pinned to one exact version, e.g. v25.10.1")
+        return v
+
 
 class SmokeTest(Model):
     image: str = Field(min_length=1)

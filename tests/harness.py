@@ -8,9 +8,8 @@ from typing import Any, Callable, Optional
 
 import pulumi
 from pulumi.runtime.mocks import MockMonitor
-from ruamel.yaml import YAML
 
-from components import config
+from components import config, status
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DYNAMIC = "pulumi-python:dynamic:Resource"
@@ -18,8 +17,7 @@ DYNAMIC = "pulumi-python:dynamic:Resource"
 
 def stack_config(stack: str) -> dict[str, Any]:
     """The `gpu-migration:*` values of Pulumi.<stack>.yaml, keys without the namespace."""
-    data = YAML(typ="safe").load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
-    return {k.split(":", 1)[1]: v for k, v in data.items() if k.startswith(f"{config.NAMESPACE}:")}
+    return status.stack_config(ROOT / f"Pulumi.{stack}.yaml")
 
 
 @dataclass

@@ -102,3 +102,10 @@ def test_bad_config_declares_nothing(raw):
     raw["nodes"][0]["stage"] = "bogus"
     with pytest.raises(ConfigError, match="bogus"):
         run_program(raw)
+
+
+@pytest.mark.parametrize("version", ["^25.10", "~25", ">=25.10.1", "25.x", "*", "latest"])
+def test_chart_version_must_be_pinned(raw, version):
+    raw["gpuOperator"]["version"] = version
+    message = error_for(raw)
+    assert f"gpu-migration:gpuOperator.version: chart version {version!r} must be pinned" in message
