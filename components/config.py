@@ -129,6 +129,9 @@ class MigrationConfig(Model):
     gpu_operator: HelmChart
     dra_driver: HelmChart
     extended_resource_name: str = "example.com/gpu"
+    # What the operator's device plugin advertises; default: the extended resource name, so pods request one name
+    # on both paths (configure the plugin's resource name in gpuOperator.values to match).
+    device_plugin_resource_name: Optional[str] = None
     dra_driver_name: str = "gpu.example.com"
     pilot_label: str = "migration.example.com/gpu-dra=pilot"
     smoke_test: SmokeTest
@@ -145,9 +148,11 @@ class MigrationConfig(Model):
             raise ValueError(f"kube version {v!r} is not like 1.36 or 1.36.2_1530")
         return v
 
-    @field_validator("extended_resource_name")
+    @field_validator("extended_resource_name", "device_plugin_resource_name")
     @classmethod
-    def _extended_resource(cls, v: str) -> str:
+    def _extended_resource(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
         check_qualified_name(v, require_prefix=True)
         prefix = v.split("/")[0]
         if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io") or v.startswith("requests."):
@@ -197,6 +202,10 @@ class MigrationConfig(Model):
         return self
 
     # Derived views used by the components.
+    @property
+    def device_plugin_resource(self) -> str:
+        return self.device_plugin_resource_name or self.extended_resource_name
+
     @property
     def pilot_label_pair(self) -> tuple[str, str]:
         key, _, value = self.pilot_label.partition("=")

@@ -69,7 +69,8 @@ def openapi_problems(api: ApiClient) -> list[str]:
 
 
 def preflight(
-    api: ApiClient, driver: str, extended_resource: str, dra_nodes: list[str], all_nodes: list[str]
+    api: ApiClient, driver: str, extended_resource: str, dra_nodes: list[str], all_nodes: list[str],
+    device_plugin_resource: str = GPU_RESOURCE,
 ) -> list[str]:
     """DRA is served, driver slices exist exactly on the dra nodes, and no node offers GPUs on both paths."""
     problems = openapi_problems(api)
@@ -84,7 +85,7 @@ def preflight(
     for name, count in sorted(devices.items()):
         if count and name not in dra_nodes:
             problems.append(f"node {name}: publishes {count} DRA devices of driver {driver} but is not a dra node")
-        offered = device_plugin_gpus(nodes[name], (extended_resource, GPU_RESOURCE)) if name in nodes else {}
+        offered = device_plugin_gpus(nodes[name], (extended_resource, device_plugin_resource, GPU_RESOURCE)) if name in nodes else {}
         if count and offered:
             problems.append(
                 f"node {name}: GPUs offered twice: device plugin allocatable {offered} "
@@ -93,8 +94,11 @@ def preflight(
     return problems
 
 
-def operator_ready(api: ApiClient, node: str, namespace: str, stage: str, driver: Optional[str] = None) -> list[str]:
-    """GPU Operator operand pods on the node are running/completed, and the node's GPUs are allocatable."""
+def operator_ready(
+    api: ApiClient, node: str, namespace: str, stage: str, driver: Optional[str] = None, resource: str = GPU_RESOURCE
+) -> list[str]:
+    """GPU Operator operand pods on the node are running/completed, and the node's GPUs are allocatable
+    (`resource`, the device plugin's resource name, on device-plugin nodes; DRA devices on dra nodes)."""
     core = client.CoreV1Api(api)
     problems = []
     pods = core.list_namespaced_pod(namespace, field_selector=f"spec.nodeName={node}").items
@@ -106,8 +110,8 @@ def operator_ready(api: ApiClient, node: str, namespace: str, stage: str, driver
     if stage == "dra":
         if not devices_per_node(api, driver).get(node):
             problems.append(f"node {node}: no DRA devices in ResourceSlices{f' of driver {driver}' if driver else ''}")
-    elif not allocatable(core.read_node(node), GPU_RESOURCE):
-        problems.append(f"node {node}: {GPU_RESOURCE} allocatable is 0 (device plugin not serving)")
+    elif not allocatable(core.read_node(node), resource):
+        problems.append(f"node {node}: {resource} allocatable is 0 (device plugin not serving)")
     return problems
 
 

@@ -92,10 +92,11 @@ def _wait_until_no_problems(what: str, check, props: dict[str, Any], default_tim
 
 
 class _DraPreflightProvider(_Provider):
-    rerun_on = ("driver", "extended_resource", "dra_nodes", "all_nodes")
+    rerun_on = ("driver", "extended_resource", "dra_nodes", "all_nodes", "device_plugin_resource")
 
     def run(self, api, p):
-        check = lambda: kube_checks.preflight(api, p["driver"], p["extended_resource"], p["dra_nodes"], p["all_nodes"])
+        check = lambda: kube_checks.preflight(api, p["driver"], p["extended_resource"], p["dra_nodes"], p["all_nodes"],
+                                              p.get("device_plugin_resource") or kube_checks.GPU_RESOURCE)
         _wait_until_no_problems(f"DRA preflight for driver {p['driver']}", check, p, 1800)
         return {"checked_nodes": sorted(p["dra_nodes"])}
 
@@ -115,10 +116,12 @@ class DraPreflight(Resource, module="gpu-migration", name="DraPreflight"):
         all_nodes: pulumi.Input[Sequence[pulumi.Input[str]]],
         timeout: pulumi.Input[float],
         poll_interval: pulumi.Input[float],
+        device_plugin_resource: pulumi.Input[Optional[str]] = None,  # also checked for double offering
         opts: Optional[pulumi.ResourceOptions] = None,
     ):
         props = dict(kubeconfig=kubeconfig, driver=driver, extended_resource=extended_resource, dra_nodes=dra_nodes,
-                     all_nodes=all_nodes, timeout=timeout, poll_interval=poll_interval, checked_nodes=None)
+                     all_nodes=all_nodes, device_plugin_resource=device_plugin_resource, timeout=timeout,
+                     poll_interval=poll_interval, checked_nodes=None)
         super().__init__(_DraPreflightProvider(), name, props, opts)
 
 
@@ -199,10 +202,11 @@ class SmokeTestVerification(Resource, module="gpu-migration", name="SmokeTestVer
 
 
 class _OperatorReadinessProvider(_Provider):
-    rerun_on = ("node", "stage", "namespace", "driver")
+    rerun_on = ("node", "stage", "namespace", "driver", "device_plugin_resource")
 
     def run(self, api, p):
-        check = lambda: kube_checks.operator_ready(api, p["node"], p["namespace"], p["stage"], p.get("driver"))
+        resource = p.get("device_plugin_resource") or kube_checks.GPU_RESOURCE
+        check = lambda: kube_checks.operator_ready(api, p["node"], p["namespace"], p["stage"], p.get("driver"), resource)
         _wait_until_no_problems(f"GPU Operator on node {p['node']} ({p['stage']})", check, p, 1800)
         return {"ready": True}
 
@@ -222,10 +226,12 @@ class OperatorReadiness(Resource, module="gpu-migration", name="OperatorReadines
         timeout: pulumi.Input[float],
         poll_interval: pulumi.Input[float],
         driver: pulumi.Input[Optional[str]] = None,  # dra stage: count only this driver's devices
+        device_plugin_resource: pulumi.Input[Optional[str]] = None,  # device-plugin stage: default nvidia.com/gpu
         opts: Optional[pulumi.ResourceOptions] = None,
     ):
         props = dict(kubeconfig=kubeconfig, node=node, stage=stage, namespace=namespace, driver=driver,
-                     timeout=timeout, poll_interval=poll_interval, ready=None)
+                     device_plugin_resource=device_plugin_resource, timeout=timeout, poll_interval=poll_interval,
+                     ready=None)
         super().__init__(_OperatorReadinessProvider(), name, props, opts)
 
 

@@ -101,7 +101,7 @@ class GpuNode(pulumi.ComponentResource):
                 kubeconfig=cfg.kubeconfig,
                 node=self.hostname,
                 rolling_back=self.drain.rolling_back,
-                extended_resource=cfg.extended_resource_name,
+                extended_resource=cfg.device_plugin_resource,  # the check pod must get its GPU from the plugin
                 image=cfg.smoke_test.image,
                 namespace=cfg.smoke_test.namespace,
                 timeout=t.smoke_test,
@@ -122,6 +122,7 @@ class GpuNode(pulumi.ComponentResource):
             stage=self.node.stage,
             namespace=cfg.gpu_operator.namespace,
             driver=cfg.dra_driver_name,
+            device_plugin_resource=cfg.device_plugin_resource,
             timeout=t.operator_ready,
             poll_interval=t.poll_interval,
             opts=pulumi.ResourceOptions(
@@ -244,6 +245,7 @@ def declare(cfg: MigrationConfig) -> Declared:
             extended_resource=cfg.extended_resource_name,
             dra_nodes=[n.hostname for n in dra_nodes],
             all_nodes=[n.hostname for n in out.nodes.values()],
+            device_plugin_resource=cfg.device_plugin_resource,
             timeout=t.operator_ready,
             poll_interval=t.poll_interval,
             opts=pulumi.ResourceOptions(

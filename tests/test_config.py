@@ -56,10 +56,11 @@ def test_duplicate_node_name_and_worker(raw):
     ("kubernetes.io/gpu", "reserved namespace"),
     ("nvidia.kubernetes.io/gpu", "reserved namespace"),
 ])
-def test_invalid_extended_resource_name(raw, bad, expected):
-    raw["extendedResourceName"] = bad
+@pytest.mark.parametrize("key", ["extendedResourceName", "devicePluginResourceName"])
+def test_invalid_extended_resource_name(raw, bad, expected, key):
+    raw[key] = bad
     message = error_for(raw)
-    assert "gpu-migration:extendedResourceName" in message and expected in message
+    assert f"gpu-migration:{key}" in message and expected in message
 
 
 @pytest.mark.parametrize("key, bad, expected", [

@@ -253,6 +253,20 @@ def test_operator_not_ready_lists_pods_and_gpus(operator, api):
         "node n3: no GPU Operator pods in namespace gpu-operator")
 
 
+def test_operator_ready_checks_the_device_plugin_resource_name(operator, api):
+    assert kube_checks.operator_ready(api, "n2", "gpu-operator", "device-plugin", resource="example.com/gpu") == [
+        "node n2: example.com/gpu allocatable is 0 (device plugin not serving)"]
+    operator.nodes["n2"]["status"]["allocatable"]["example.com/gpu"] = "2"
+    assert kube_checks.operator_ready(api, "n2", "gpu-operator", "device-plugin", resource="example.com/gpu") == []
+
+
+def test_preflight_sees_double_offering_under_the_device_plugin_resource_name(dra_cluster, api):
+    dra_cluster.nodes["n1"]["status"]["allocatable"]["vendor.example/gpu"] = "1"
+    assert kube_checks.preflight(api, DRIVER, ER, ["n1"], ["n1", "n2"]) == []
+    problems = kube_checks.preflight(api, DRIVER, ER, ["n1"], ["n1", "n2"], device_plugin_resource="vendor.example/gpu")
+    assert problems and "GPUs offered twice" in problems[0] and "vendor.example/gpu" in problems[0]
+
+
 def test_operator_readiness_provider_waits_then_fails_with_problems(operator, kube, kubeconfig):
     provider = kube_providers._OperatorReadinessProvider()
     driver_pod = operator.pods[("gpu-operator", "nvidia-driver-daemonset-n2")]

@@ -49,6 +49,17 @@ def test_pilot_declares_each_stage(pilot_run):
     assert run.named("smoke-namespace").inputs["metadata"]["name"] == "gpu-pilot"
 
 
+def test_device_plugin_resource_defaults_to_the_extended_resource():
+    run = run_program(pilot(**{DRA_NODE: "device-plugin"}))
+    assert run.named(f"{DP_NODE}-operator-ready").inputs["device_plugin_resource"] == "example.com/gpu"
+    assert run.named(f"{DRA_NODE}-rollback").inputs["extended_resource"] == "example.com/gpu"
+    raw = pilot(**{DRA_NODE: "device-plugin"})
+    raw["devicePluginResourceName"] = "nvidia.com/gpu"
+    run = run_program(raw)
+    assert run.named(f"{DP_NODE}-operator-ready").inputs["device_plugin_resource"] == "nvidia.com/gpu"
+    assert run.named(f"{DRA_NODE}-rollback").inputs["extended_resource"] == "nvidia.com/gpu"
+
+
 def test_pilot_order(pilot_run):
     run = pilot_run
     # Master first; then one node at a time, in config order, each after the previous one's readiness.
