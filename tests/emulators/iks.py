@@ -16,11 +16,12 @@ import itertools
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
 from urllib.parse import parse_qs, unquote, urlparse
 
 import jwt
+
+from tests.emulators.http import LocalServer
 
 _JWT_KEY = "iks-emulator-signing-key-not-a-secret-000"
 
@@ -59,21 +60,19 @@ class IksEmulator:
         self._expire_on: list[str] = []
         self._pending: list[list[Any]] = []  # [ticks left, callback]
         self._ids = itertools.count(1)
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.01,), daemon=True)
+        self.server = LocalServer(self._handle, methods=("GET", "POST", "PUT", "DELETE"), poll_interval=0.01)
 
     # Lifecycle --------------------------------------------------------------------------------------------------
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return self.server.url
 
     def start(self) -> "IksEmulator":
-        self.thread.start()
+        self.server.start()
         return self
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
 
     def api(self, api_key: Optional[str] = "test-api-key") -> dict[str, Any]:
         """The providers' `api` input for this emulator (fast SDK retries)."""
@@ -323,25 +322,3 @@ class IksEmulator:
                 return self.route(method, url.path, query, body)
             except Error as e:
                 return e.status, e.body
-
-    def _handler(self):
-        emulator = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _serve(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                status, payload = emulator._handle(self.command, self.path, self.headers, self.rfile.read(length))
-                data = b"" if payload is None else json.dumps(payload).encode()
-                self.send_response(status)
-                if data:
-                    self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_PUT = do_DELETE = _serve
-
-            def log_message(self, *args) -> None:  # keep test output quiet
-                pass
-
-        return Handler

@@ -4,15 +4,17 @@ Tests set the scenario by editing the dicts (nodes, pods, logs, events, slices, 
 while the code polls with `after(n, path_part, change)`, and may hook `on_pod_create(pod)` to "run" pods the code
 under test creates. Builders below make minimal valid objects.
 """
+import copy
 import itertools
 import json
 import re
 import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, urlsplit
+
+from tests.emulators.http import LocalServer
 
 RESOURCE_V1 = "apis/resource.k8s.io/v1"
 
@@ -68,22 +70,21 @@ class KubeEmulator:
         self.requests: list[tuple[str, str]] = []  # (method, path?query) served, for assertions
         self._triggers: list[list] = []  # [path part, requests left, change]
         self._ids = itertools.count(1)
-        self._server: Optional[ThreadingHTTPServer] = None
+        self._server: Optional[LocalServer] = None
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> "KubeEmulator":
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        self._server = LocalServer(self._serve, methods=("GET", "POST", "PATCH", "DELETE"), poll_interval=0.02)
+        self._server.start()
         return self
 
     def stop(self) -> None:
         if self._server:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._server.url
 
     def write_kubeconfig(self, path: Path) -> str:
         """A kubeconfig (JSON is YAML) with a bearer token pointing at this emulator."""
@@ -171,6 +172,19 @@ class KubeEmulator:
         return event
 
     # --- API -------------------------------------------------------------------------------------------------------
+    def _serve(self, method: str, raw_path: str, headers, raw_body: bytes) -> tuple[int, Any]:
+        """One HTTP request: recorded, handled and its hooks fired under the lock."""
+        url = urlsplit(raw_path)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        body = json.loads(raw_body) if raw_body else None
+        content_type = (headers.get("Content-Type") or "").split(";")[0]
+        with self.lock:
+            self.requests.append((method, raw_path))
+            status, payload = self.handle(method, url.path, query, body, content_type)
+            payload = copy.deepcopy(payload)  # the response as served, before triggers (or other requests) change it
+            self._fire(raw_path)
+        return status, payload
+
     def handle(self, method: str, path: str, query: dict[str, str], body: Any, content_type: str):
         """Return (status, JSON-able or str). Routes are matched in order."""
         selector = query.get("fieldSelector", "")
@@ -268,31 +282,3 @@ def _status(code: int, message: str) -> dict:
     reasons = {404: "NotFound", 409: "AlreadyExists", 415: "UnsupportedMediaType"}
     return {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code,
             "reason": reasons.get(code, "BadRequest"), "message": message}
-
-
-def _handler(emulator: KubeEmulator):
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self) -> None:
-            url = urlsplit(self.path)
-            query = {k: v[0] for k, v in parse_qs(url.query).items()}
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length)) if length else None
-            content_type = (self.headers.get("Content-Type") or "").split(";")[0]
-            with emulator.lock:
-                emulator.requests.append((self.command, self.path))
-                status, payload = emulator.handle(self.command, url.path, query, body, content_type)
-                text = payload if isinstance(payload, str) else json.dumps(payload)
-                emulator._fire(self.path)
-            data = text.encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "text/plain" if isinstance(payload, str) else "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_POST = do_PATCH = do_DELETE = _serve
-
-        def log_message(self, *args) -> None:  # keep pytest output clean
-            pass
-
-    return Handler
