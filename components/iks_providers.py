@@ -213,6 +213,12 @@ class WorkerReplacementProvider(_IksProvider):
             if version_at_least(worker_version(cur), target):
                 return is_ready(cur), cur, describe_worker(cur)
             if is_deployed(cur) and cur["id"] not in st["requested"]:
+                if props.get("single_gpu_node"):
+                    raise ReplacementError(
+                        f"worker {cur['id']} is the only GPU node of cluster {cluster}: replacing it leaves GPU "
+                        f"workloads nowhere to run; enable gpu-migration:tempGpuPool (flavor, zone) first. "
+                        f"Nothing was replaced."
+                    )
                 st["known"] = set(by_id)
                 st["requested"].add(cur["id"])
                 self._request(client, cluster, cur)
@@ -278,13 +284,14 @@ class WorkerReplacement(dyn.Resource):
         timeout: pulumi.Input[float] = 5400,
         poll_interval: pulumi.Input[float] = 15,
         other_worker_ids: Optional[pulumi.Input[list]] = None,
+        single_gpu_node: pulumi.Input[bool] = False,
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
         """`other_worker_ids`: workers of the other GPU nodes (configured and replaced IDs); optional, it only helps
         tell this node's replacement apart from an already-migrated sibling when resuming."""
         props = {"cluster": cluster, "worker_id": worker_id, "node_name": node_name, "kube_version": kube_version,
                  "api": api, "timeout": timeout, "poll_interval": poll_interval,
-                 "other_worker_ids": other_worker_ids or [],
+                 "other_worker_ids": other_worker_ids or [], "single_gpu_node": single_gpu_node,
                  "old_worker_id": None, "new_worker_id": None, "actual_version": None}
         super().__init__(WorkerReplacementProvider(), name, props, opts)
 

@@ -66,6 +66,8 @@ class GpuNode(pulumi.ComponentResource):
                 timeout=t.worker_replace,
                 poll_interval=t.poll_interval,
                 other_worker_ids=other_worker_ids,  # lets a resumed replacement tell its new worker from siblings
+                # The only GPU node is replaced only with a temporary GPU pool to take its workloads.
+                single_gpu_node=len(cfg.nodes) == 1 and not cfg.temp_gpu_pool.enabled,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=after),
             )
             self.hostname = self.replacement.node_name

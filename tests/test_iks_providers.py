@@ -263,6 +263,16 @@ def test_already_migrated_worker_is_recorded_not_replaced(emu):
     assert emu.count("POST", "/v2/vpc/replaceWorker") == 0
 
 
+def test_only_gpu_node_is_not_replaced_without_a_temp_pool(emu):
+    old = emu.add_worker()["id"]
+    with pytest.raises(iks.ReplacementError, match=rf"worker {old} is the only GPU node .* enable "
+                                                   r"gpu-migration:tempGpuPool .* Nothing was replaced"):
+        replace(emu, old, single_gpu_node=True)
+    assert emu.count("POST", "/v2/vpc/replaceWorker") == 0
+    migrated = emu.add_worker(version="1.36.1_1530")["id"]  # already done: recorded, no temp pool needed
+    assert replace(emu, migrated, single_gpu_node=True)["new_worker_id"] == migrated
+
+
 def test_unknown_worker_is_an_error_naming_it(emu):
     with pytest.raises(iks.ReplacementError, match=r"worker nope not found in cluster gpu-cluster"):
         replace(emu, "nope")

@@ -123,6 +123,15 @@ def test_last_dra_node_rolled_back_removes_dra_path():
     assert not {"device-class", "dra-driver", "dra-preflight"} & run.names()
 
 
+def test_single_gpu_node_is_replaced_only_with_a_temp_pool():
+    raw = pilot()
+    raw["nodes"] = raw["nodes"][1:2]
+    assert run_program(raw).named(f"{DP_NODE}-replacement").inputs["single_gpu_node"] is True
+    raw["tempGpuPool"] = {"enabled": True, "flavor": "gx3.16x80.l4", "zone": "us-south-1"}
+    assert run_program(raw).named(f"{DP_NODE}-replacement").inputs["single_gpu_node"] is False
+    assert run_program(pilot()).named(f"{DP_NODE}-replacement").inputs["single_gpu_node"] is False
+
+
 def test_temp_pool_comes_before_replacements():
     raw = pilot()
     raw["tempGpuPool"] = {"enabled": True, "flavor": "gx3.16x80.l4", "zone": "us-south-1"}
