@@ -16,9 +16,6 @@ import pulumi_kubernetes as k8s
 from . import charts, dra, iks_providers, kube_providers, node_labels, smoke_test
 from .config import MigrationConfig, Node
 
-OPERATOR_NAMESPACE_DEFAULT = "gpu-operator"
-
-
 @dataclass
 class Declared:
     """Handles on what was declared, for stack outputs and tests."""
@@ -217,9 +214,8 @@ def declare(cfg: MigrationConfig) -> Declared:
 
     # ibm-managed nodes are labelled first so the GPU Operator never deploys onto them.
     ibm_managed = [GpuNode(n, cfg, ctx, [], []) for n in cfg.nodes_in("ibm-managed")]
-    out.gpu_operator = charts.gpu_operator_release(
-        cfg.gpu_operator, opts=pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[n.labels for n in ibm_managed]))
-    )
+    fenced = pulumi.ResourceOptions(depends_on=[n.labels for n in ibm_managed])
+    out.gpu_operator = charts.gpu_operator_release(cfg.gpu_operator, opts=pulumi.ResourceOptions.merge(k8s_opts, fenced))
     readiness_deps: list[pulumi.Resource] = [out.gpu_operator]
     if cfg.nodes_in("dra"):
         # Kept while any node is dra; removed (after all updates) once none is.
