@@ -108,6 +108,11 @@ class IksClient(BaseService):
     def get_cluster(self, cluster: str) -> dict:
         return self._call(f"get cluster {cluster}", "GET", "/v2/vpc/getCluster", params={"cluster": cluster})
 
+    def kube_versions(self) -> set[str]:
+        """Kubernetes major.minor versions IKS offers, e.g. {'1.35', '1.36'}."""
+        offered = self._call("list Kubernetes versions", "GET", "/v1/versions") or {}
+        return {f"{v['major']}.{v['minor']}" for v in offered.get("kubernetes") or []}
+
     def update_master(self, cluster: str, version: str) -> None:
         (c,) = self.encode_path_vars(cluster)
         self._call(
@@ -173,6 +178,14 @@ def version_at_least(actual: Optional[str], target: str) -> bool:
     want = version_key(target)
     have = version_key(actual)[: len(want)]
     return bool(have) and have >= want
+
+
+def minor_steps(actual: Optional[str], target: str) -> list[str]:
+    """IKS moves a master one minor version at a time: 1.35.4 -> 1.37 is ['1.36', '1.37']; at target: []."""
+    have, want = version_key(actual), version_key(target)
+    if version_at_least(actual, target) or len(have) < 2 or len(want) < 2 or have[0] != want[0]:
+        return [] if version_at_least(actual, target) else [target]
+    return [f"{want[0]}.{minor}" for minor in range(have[1] + 1, want[1])] + [target]
 
 
 def worker_version(worker: dict) -> str:

@@ -17,6 +17,7 @@ from .iks_api import (
     is_deleting,
     is_deployed,
     is_ready,
+    minor_steps,
     primary_ip,
     version_at_least,
     worker_version,
@@ -69,11 +70,26 @@ class MasterVersionProvider(_IksProvider):
         _log(f"master of cluster {props.get('cluster')}: nothing to delete (a master is never downgraded)")
 
     def _ensure(self, props: dict[str, Any]) -> dict[str, Any]:
-        """Request the master update if below `version` (unless one is running), then wait for deployed/normal."""
+        """Step the master up one minor version at a time to `version`, waiting for deployed/normal after each."""
         cluster, target = props["cluster"], props["version"]
-        timeout, interval = self.timing(props, 3600)
         client = self.client(props)
         info = client.get_cluster(cluster)
+        steps = minor_steps(info.get("masterKubeVersion"), target)
+        offered = client.kube_versions() if steps else set()
+        missing = [s for s in steps if ".".join(s.split(".")[:2]) not in offered]
+        if missing:  # checked before the first step: a typo must not start irreversible updates
+            raise IksApiError(
+                f"kubeVersion {target}: master of cluster {cluster} is at {info.get('masterKubeVersion')} and IKS "
+                f"offers no Kubernetes {', '.join(missing)} (offered: {', '.join(sorted(offered)) or 'none'}); "
+                f"nothing was updated"
+            )
+        for step in steps or [target]:
+            info = self._update_to(client, cluster, step, info, props)
+        return {**_public(props), "actual_version": info.get("masterKubeVersion")}
+
+    def _update_to(self, client: IksClient, cluster: str, target: str, info: dict, props: dict[str, Any]) -> dict:
+        """Request the update to `target` if the master is below it (unless one is running); wait until done."""
+        timeout, interval = self.timing(props, 3600)
         life = info.get("lifecycle") or {}
         if not version_at_least(info.get("masterKubeVersion"), target):
             if version_at_least(info.get("targetVersion"), target) and life.get("masterState") != "deployed":
@@ -94,8 +110,7 @@ class MasterVersionProvider(_IksProvider):
                      f" ({life.get('masterStatus')})")
             return done, now, state
 
-        final = wait_for(f"master of cluster {cluster} at {target} (deployed, normal)", poll, timeout, interval)
-        return {**_public(props), "actual_version": final.get("masterKubeVersion")}
+        return wait_for(f"master of cluster {cluster} at {target} (deployed, normal)", poll, timeout, interval)
 
 
 class MasterVersion(dyn.Resource):

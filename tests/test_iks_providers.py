@@ -67,6 +67,23 @@ def test_master_is_updated_and_waited_for():
         emu.stop()
 
 
+def test_master_is_updated_one_minor_version_at_a_time():
+    emu = IksEmulator(master_version="1.35.4_1540").start()
+    try:
+        result = iks.MasterVersionProvider().create(master_props(emu, version="1.37"))
+        assert result.outs["actual_version"] == "1.37.0_1501"
+        assert emu.count("PUT", "/v1/clusters/gpu-cluster") == 2  # 1.36, then 1.37
+    finally:
+        emu.stop()
+
+
+def test_master_steps():
+    from components.iks_api import minor_steps
+    assert minor_steps("1.35.4_1540", "1.37") == ["1.36", "1.37"]
+    assert minor_steps("1.35.4_1540", "1.36") == ["1.36"]
+    assert minor_steps("1.37.0_1501", "1.36") == [] == minor_steps("1.36.1_1530", "1.36")
+
+
 def test_master_at_target_is_not_updated(emu):
     result = iks.MasterVersionProvider().create(master_props(emu))
     assert result.outs["actual_version"] == "1.36.1_1530"
@@ -86,11 +103,19 @@ def test_master_update_in_progress_is_waited_for_not_requested_again():
 
 def test_refused_master_update_names_cluster_and_api_message():
     emu = IksEmulator(master_version="1.35.4_1540").start()
+    emu.refuse_master_update = (409, "The cluster master is locked for maintenance.")
     try:
-        with pytest.raises(IksApiError, match=r"master of cluster gpu-cluster to 1\.99.*HTTP 400.*1\.99 is not valid"):
-            iks.MasterVersionProvider().create(master_props(emu, "1.99"))
+        with pytest.raises(IksApiError, match=r"master of cluster gpu-cluster to 1\.36.*HTTP 409.*locked"):
+            iks.MasterVersionProvider().create(master_props(emu, "1.36"))
     finally:
         emu.stop()
+
+
+def test_unoffered_version_updates_nothing(emu):
+    with pytest.raises(IksApiError, match=r"kubeVersion 1\.39: master of cluster gpu-cluster is at 1\.36\.1_1530 and "
+                                          r"IKS offers no Kubernetes 1\.38, 1\.39 .*nothing was updated"):
+        iks.MasterVersionProvider().create(master_props(emu, "1.39"))
+    assert emu.count("PUT", "/v1/clusters/gpu-cluster") == 0
 
 
 def test_master_version_change_is_an_update_cluster_change_a_replace():

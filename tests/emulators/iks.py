@@ -52,6 +52,7 @@ class IksEmulator:
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, IAM included
         self.tokens: dict[str, bool] = {}  # token -> still valid
         self.refuse_replace: dict[str, tuple[int, str]] = {}
+        self.refuse_master_update: Optional[tuple[int, str]] = None
         self.stuck: set[str] = set()
         self.stick_new_workers = False
         self.replace_lag = 0
@@ -202,6 +203,10 @@ class IksEmulator:
         if (method, path) == ("GET", "/v2/vpc/getCluster"):
             self._check_cluster(q.get("cluster"))
             return 200, self.cluster
+        if (method, path) == ("GET", "/v1/versions"):
+            offered = [dict(zip(("major", "minor", "patch"), map(int, v.split("_")[0].split("."))))
+                       for v in self.versions.values()]
+            return 200, {"kubernetes": offered, "openshift": []}
         if method == "PUT" and path.startswith("/v1/clusters/") and path.count("/") == 3:
             self._check_cluster(unquote(path.rsplit("/", 1)[1]))
             return self._update_master(body)
@@ -238,12 +243,17 @@ class IksEmulator:
     def _update_master(self, body: dict) -> tuple[int, None]:
         if body.get("action") != "update":
             raise Error(400, "action must be update", "E0001")
+        if self.refuse_master_update:
+            raise Error(*self.refuse_master_update, "E3411")
         full = self.versions.get(body.get("version", "")) or body.get("version")
         if full not in self.versions.values():
             raise Error(400, f"The Kubernetes version {body.get('version')} is not valid.", "E2a33")
         life = self.cluster["lifecycle"]
         if life["masterState"] != "deployed":
             raise Error(409, "A master update is already in progress.", "E3410")
+        current, wanted = (int(v.split(".")[1].split("_")[0]) for v in (self.cluster["masterKubeVersion"], full))
+        if wanted > current + 1:  # IKS: one minor version at a time
+            raise Error(400, f"The master can be updated only one minor version at a time, not to {full}.", "E2a37")
         self.cluster["targetVersion"] = full
         life.update(masterState="deploying", masterStatus="Version update in progress.", masterHealth="warning")
 
