@@ -16,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
 from . import kube_checks
+from .iks_api import version_at_least
 from .waiting import WaitTimeout, optional_float, wait_for
 
 VERIFICATION_ANNOTATION = "migration.example.com/gpu-verification"
@@ -233,6 +234,50 @@ class OperatorReadiness(Resource, module="gpu-migration", name="OperatorReadines
                      device_plugin_resource=device_plugin_resource, timeout=timeout, poll_interval=poll_interval,
                      ready=None)
         super().__init__(_OperatorReadinessProvider(), name, props, opts)
+
+
+# --- Fence for nodes still on IBM-managed drivers -----------------------------------------------------------------
+
+
+class _NodeFenceProvider(_Provider):
+    rerun_on = ("node", "labels", "operator_min_version")
+
+    def run(self, api, p):
+        """Label the node so the GPU Operator skips it while its kubelet predates `operator_min_version`."""
+        core, node = client.CoreV1Api(api), p["node"]
+        try:
+            info = core.read_node(node).status.node_info
+        except ApiException as e:
+            if e.status == 404:
+                return {"fenced": False}  # already replaced under another name
+            raise
+        kubelet = info.kubelet_version if info else None
+        if kubelet and version_at_least(kubelet, p["operator_min_version"]):
+            return {"fenced": False}
+        pulumi.log.info(f"node {node} runs kubelet {kubelet} (IBM-managed drivers): fencing it off the GPU Operator "
+                        f"until its worker is replaced")
+        core.patch_node(node, {"metadata": {"labels": p["labels"]}})
+        return {"fenced": True}
+
+
+class NodeFence(Resource, module="gpu-migration", name="NodeFence"):
+    """Before the GPU Operator is installed: fence a node whose worker is not replaced yet (the replacement is a new
+    Node object without these labels, so nothing has to remove them)."""
+
+    fenced: pulumi.Output[bool]
+
+    def __init__(
+        self,
+        name: str,
+        kubeconfig: pulumi.Input[Optional[str]],
+        node: pulumi.Input[str],
+        labels: pulumi.Input[dict],
+        operator_min_version: pulumi.Input[str],
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ):
+        props = dict(kubeconfig=kubeconfig, node=node, labels=labels, operator_min_version=operator_min_version,
+                     fenced=None)
+        super().__init__(_NodeFenceProvider(), name, props, opts)
 
 
 # --- Rollback (dra -> device-plugin) ---------------------------------------------------------------------------------

@@ -14,7 +14,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from . import charts, dra, iks_providers, kube_providers, node_labels, smoke_test
-from .config import MigrationConfig, Node
+from .config import MIN_MINOR, MigrationConfig, Node
+
+OPERATOR_MIN_VERSION = f"1.{MIN_MINOR['device-plugin']}"  # workers below it still run IBM-managed drivers
 
 @dataclass
 class Declared:
@@ -31,47 +33,61 @@ class Declared:
 class GpuNode(pulumi.ComponentResource):
     """Everything one GPU node needs for its configured stage; children appear under it in `pulumi preview`."""
 
-    def __init__(
+    def __init__(self, node: Node, cfg: MigrationConfig, ctx: "Context"):
+        super().__init__("gpu-migration:index:GpuNode", node.name, {"stage": node.stage})
+        self.node, self.cfg, self.ctx = node, cfg, ctx
+        self.hostname: pulumi.Input[str] = node.name
+        self.fence = self.replacement = self.drain = self.rollback = self.readiness = None
+        self.smoke_pod = self.verification = None
+        if node.stage == "ibm-managed":
+            self.labels = self._labels([])
+        else:
+            # Until its worker is replaced the node still runs IBM's drivers: keep the GPU Operator off it.
+            # (The replacement is a new Node object without these labels, so nothing has to remove them.)
+            self.fence = kube_providers.NodeFence(
+                f"{node.name}-fence",
+                kubeconfig=cfg.kubeconfig,
+                node=node.name,
+                labels=node_labels.IBM_MANAGED_LABELS,
+                operator_min_version=OPERATOR_MIN_VERSION,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+
+    def _labels(self, deps: list[pulumi.Resource]) -> k8s.core.v1.NodePatch:
+        return node_labels.node_patch(
+            f"{self.node.name}-labels",
+            self.hostname,
+            node_labels.stage_labels(self.node.stage, self.cfg.pilot_label_pair),
+            opts=pulumi.ResourceOptions(parent=self, provider=self.ctx.k8s_provider, depends_on=deps),
+        )
+
+    def migrate(
         self,
-        node: Node,
-        cfg: MigrationConfig,
-        ctx: "Context",
         after: list[pulumi.Resource],
         readiness_deps: list[pulumi.Resource],
-        other_worker_ids: Optional[list[pulumi.Input[str]]] = None,
-    ):
-        super().__init__("gpu-migration:index:GpuNode", node.name, {"stage": node.stage})
-        self.node = node
-        self.replacement = None
-        self.readiness = None
-        self.smoke_pod = None
-        self.verification = None
-        child = pulumi.ResourceOptions(parent=self, provider=ctx.k8s_provider)
-        t = cfg.timeouts
+        other_worker_ids: list[pulumi.Input[str]],
+    ) -> None:
+        """Replace the worker (after `after`), label it for its stage, roll back from dra if needed, check readiness."""
+        node, cfg, ctx, t = self.node, self.cfg, self.ctx, self.cfg.timeouts
+        # A worker replaced at the target version (idempotent once done); its node name can change.
+        self.replacement = iks_providers.WorkerReplacement(
+            f"{node.name}-replacement",
+            cluster=cfg.cluster_name,
+            worker_id=node.worker_id,
+            node_name=node.name,
+            kube_version=cfg.kube_version,
+            api=ctx.ibm_api,
+            timeout=t.worker_replace,
+            poll_interval=t.poll_interval,
+            other_worker_ids=other_worker_ids,  # lets a resumed replacement tell its new worker from siblings
+            # The only GPU node is replaced only with a temporary GPU pool to take its workloads.
+            single_gpu_node=len(cfg.nodes) == 1 and not cfg.temp_gpu_pool.enabled,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, self.fence]),
+        )
+        self.hostname = self.replacement.node_name
+        self.hostname.apply(lambda actual: _warn_renamed(node, actual))
 
-        # Any stage past ibm-managed runs on a worker replaced at the target version (idempotent once done).
-        self.hostname: pulumi.Input[str] = node.name
-        label_deps: list[pulumi.Resource] = []
-        if node.stage != "ibm-managed":
-            self.replacement = iks_providers.WorkerReplacement(
-                f"{node.name}-replacement",
-                cluster=cfg.cluster_name,
-                worker_id=node.worker_id,
-                node_name=node.name,
-                kube_version=cfg.kube_version,
-                api=ctx.ibm_api,
-                timeout=t.worker_replace,
-                poll_interval=t.poll_interval,
-                other_worker_ids=other_worker_ids,  # lets a resumed replacement tell its new worker from siblings
-                # The only GPU node is replaced only with a temporary GPU pool to take its workloads.
-                single_gpu_node=len(cfg.nodes) == 1 and not cfg.temp_gpu_pool.enabled,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=after),
-            )
-            self.hostname = self.replacement.node_name
-            self.hostname.apply(lambda actual: _warn_renamed(node, actual))
-            label_deps.append(self.replacement)
-
-        self.drain = None
+        label_deps: list[pulumi.Resource] = [self.replacement]
         if node.stage == "device-plugin":
             # Rollback from dra: cordon and let GPU pods finish before the labels switch (no-op otherwise).
             self.drain = kube_providers.NodeDrain(
@@ -82,18 +98,11 @@ class GpuNode(pulumi.ComponentResource):
                 extended_resource=cfg.extended_resource_name,
                 timeout=t.drain,
                 poll_interval=t.poll_interval,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=list(label_deps)),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.replacement]),
             )
             label_deps.append(self.drain)
+        self.labels = self._labels(label_deps)
 
-        self.labels = node_labels.node_patch(
-            f"{node.name}-labels",
-            self.hostname,
-            node_labels.stage_labels(node.stage, cfg.pilot_label_pair),
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=label_deps)),
-        )
-
-        self.rollback = None
         if self.drain is not None:
             self.rollback = kube_providers.RollbackVerification(
                 f"{node.name}-rollback",
@@ -107,25 +116,20 @@ class GpuNode(pulumi.ComponentResource):
                 poll_interval=t.poll_interval,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[self.labels]),
             )
-        if self.replacement is not None:
-            self._declare_readiness(cfg, readiness_deps)
-        self.register_outputs({"stage": node.stage})
 
-    def _declare_readiness(self, cfg: MigrationConfig, deps: list[pulumi.Resource]) -> None:
-        """Operand pods up and GPUs allocatable on the replaced node; the next node waits for this."""
-        t = cfg.timeouts
+        # Operand pods up and GPUs allocatable on the replaced node; the next node waits for this.
         self.readiness = kube_providers.OperatorReadiness(
-            f"{self.node.name}-operator-ready",
+            f"{node.name}-operator-ready",
             kubeconfig=cfg.kubeconfig,
             node=self.hostname,
-            stage=self.node.stage,
+            stage=node.stage,
             namespace=cfg.gpu_operator.namespace,
             driver=cfg.dra_driver_name,
             device_plugin_resource=cfg.device_plugin_resource,
             timeout=t.operator_ready,
             poll_interval=t.poll_interval,
             opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[self.labels, *deps, *filter(None, [self.replacement, self.rollback])]
+                parent=self, depends_on=[self.labels, *readiness_deps, *filter(None, [self.replacement, self.rollback])]
             ),
         )
 
@@ -212,9 +216,10 @@ def declare(cfg: MigrationConfig) -> Declared:
         )
         after.append(out.temp_pool)
 
-    # ibm-managed nodes are labelled first so the GPU Operator never deploys onto them.
-    ibm_managed = [GpuNode(n, cfg, ctx, [], []) for n in cfg.nodes_in("ibm-managed")]
-    fenced = pulumi.ResourceOptions(depends_on=[n.labels for n in ibm_managed])
+    # The GPU Operator arrives only once every node still on IBM's drivers is fenced off: ibm-managed nodes by their
+    # labels, nodes awaiting replacement by their NodeFence.
+    gpu_nodes = [GpuNode(n, cfg, ctx) for n in cfg.nodes]
+    fenced = pulumi.ResourceOptions(depends_on=[n.labels if n.fence is None else n.fence for n in gpu_nodes])
     out.gpu_operator = charts.gpu_operator_release(cfg.gpu_operator, opts=pulumi.ResourceOptions.merge(k8s_opts, fenced))
     readiness_deps: list[pulumi.Resource] = [out.gpu_operator]
     if cfg.nodes_in("dra"):
@@ -226,13 +231,15 @@ def declare(cfg: MigrationConfig) -> Declared:
         readiness_deps.append(out.dra_driver)
 
     # Nodes past ibm-managed are replaced one at a time, in config order: each waits for the previous one's readiness.
-    migrated: list[GpuNode] = []
-    for node in cfg.nodes_in("device-plugin", "dra"):
-        previous = [migrated[-1].readiness] if migrated else []
-        siblings = [n.worker_id for n in cfg.nodes if n != node] + [m.replacement.new_worker_id for m in migrated]
-        migrated.append(GpuNode(node, cfg, ctx, after + previous, readiness_deps, siblings))
-    gpu_nodes = {n.node.name: n for n in ibm_managed + migrated}
-    out.nodes = {n.name: gpu_nodes[n.name] for n in cfg.nodes}
+    migrated = [n for n in gpu_nodes if n.fence is not None]
+    for i, gpu_node in enumerate(migrated):
+        previous = [migrated[i - 1].readiness] if i else []
+        siblings = [n.worker_id for n in cfg.nodes if n != gpu_node.node]
+        siblings += [m.replacement.new_worker_id for m in migrated[:i]]
+        gpu_node.migrate(after + previous, readiness_deps, siblings)
+    for gpu_node in gpu_nodes:
+        gpu_node.register_outputs({"stage": gpu_node.node.stage})
+    out.nodes = {n.node.name: n for n in gpu_nodes}
     dra_nodes = [n for n in migrated if n.node.stage == "dra"]
 
     if dra_nodes:

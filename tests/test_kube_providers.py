@@ -322,6 +322,26 @@ def rollback(kubeconfig, rolling_back=True, **timing):
                   **(timing or FAST))
 
 
+# --- fence for nodes still on IBM-managed drivers ------------------------------------------------------------------
+
+FENCE = {"nvidia.com/gpu.deploy.operands": "false", "nvidia.com/gpu.deploy.driver": "false"}
+
+
+def fence(kubeconfig, node):
+    return create(kube_providers._NodeFenceProvider(), kubeconfig, node=node, labels=FENCE,
+                  operator_min_version="1.36")
+
+
+def test_fence_labels_only_nodes_on_ibm_kubelets(kube, kubeconfig):
+    kube.add_node("old", kubelet_version="v1.35.4+IKS")
+    kube.add_node("new", kubelet_version="v1.36.1+IKS")
+    assert fence(kubeconfig, "old")["fenced"] is True
+    assert {k: kube.nodes["old"]["metadata"]["labels"].get(k) for k in FENCE} == FENCE
+    assert fence(kubeconfig, "new")["fenced"] is False
+    assert not FENCE.keys() & kube.nodes["new"]["metadata"]["labels"].keys()
+    assert fence(kubeconfig, "gone")["fenced"] is False  # already replaced under another name
+
+
 @pytest.fixture
 def rolled_back(kube):
     """n1 after the label switch: cordoned, device plugin not yet serving; pods it gets run like `nvidia-smi -L`."""

@@ -67,8 +67,13 @@ def test_pilot_order(pilot_run):
     assert run.depends(f"{DP_NODE}-replacement", f"{DRA_NODE}-operator-ready")
     assert not run.depends(f"{DRA_NODE}-replacement", f"{DP_NODE}-operator-ready")
     assert run.depends(f"{DRA_NODE}-operator-ready", f"{DRA_NODE}-replacement")
-    # The operator only arrives once IBM-managed nodes are fenced off.
+    # The operator only arrives once every node on IBM's drivers is fenced off: ibm-managed ones by their labels,
+    # the ones awaiting replacement by their fence (which also precedes their replacement).
     assert run.depends("gpu-operator", f"{IBM_NODE}-labels")
+    for node in (DRA_NODE, DP_NODE):
+        assert run.depends("gpu-operator", f"{node}-fence") and run.depends(f"{node}-replacement", f"{node}-fence")
+        assert run.named(f"{node}-fence").inputs["node"] == node
+    assert f"{IBM_NODE}-fence" not in run.names()
     # DRA path: labels, driver and DeviceClass are in place before the preflight, the smoke pod after it.
     for dep in ("device-class", "dra-driver", f"{DRA_NODE}-labels"):
         assert run.depends("dra-preflight", dep)

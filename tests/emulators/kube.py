@@ -55,6 +55,13 @@ def openapi_resource_v1(extended_resource_name: bool = True) -> dict:
         "io.k8s.api.resource.v1.DeviceClassSpec": {"type": "object", "properties": props}}}}
 
 
+def node_info(kubelet_version: str) -> dict:
+    """status.nodeInfo with every field the client's model requires."""
+    fields = ("architecture", "bootID", "containerRuntimeVersion", "kernelVersion", "kubeProxyVersion",
+              "machineID", "operatingSystem", "osImage", "systemUUID")
+    return {**{f: "emulated" for f in fields}, "kubeletVersion": kubelet_version}
+
+
 class KubeEmulator:
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -111,11 +118,13 @@ class KubeEmulator:
                     trigger[2]()
 
     # --- scenario builders ---------------------------------------------------------------------------------------
-    def add_node(self, name: str, labels: Optional[dict] = None, allocatable: Optional[dict] = None) -> dict:
+    def add_node(self, name: str, labels: Optional[dict] = None, allocatable: Optional[dict] = None,
+                 kubelet_version: str = "v1.37.0+IKS") -> dict:
         node = {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": name, "uid": str(uuid.uuid4()), "labels": {"kubernetes.io/hostname": name,
                                                                                **(labels or {})}},
-                "spec": {}, "status": {"allocatable": {"cpu": "8", **(allocatable or {})}}}
+                "spec": {}, "status": {"allocatable": {"cpu": "8", **(allocatable or {})},
+                                       "nodeInfo": node_info(kubelet_version)}}
         self.nodes[name] = node
         return node
 
