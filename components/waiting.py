@@ -18,6 +18,7 @@ def wait_for(
     timeout: float,
     interval: float = 10.0,
     log: Callable[[str], None] = pulumi.log.info,
+    heartbeat: float = 60.0,
 ) -> T:
     """Call `poll` until it returns (done=True, value, state); log `state` while waiting.
 
@@ -25,13 +26,16 @@ def wait_for(
     On timeout raises WaitTimeout naming `what`, the timeout and the last state seen.
     """
     started = time.monotonic()
-    last = {"state": "not polled yet"}
+    last = {"state": "not polled yet", "logged": "", "logged_at": float("-inf")}
 
     def attempt() -> tuple[bool, T]:
         done, value, state = poll()
         last["state"] = state
-        if not done:
-            log(f"waiting for {what}: {state} ({time.monotonic() - started:.0f}s of {timeout:.0f}s)")
+        now = time.monotonic()
+        # Log each new state, and an unchanged one at most once per `heartbeat`, so long waits stay readable.
+        if not done and (state != last["logged"] or now - last["logged_at"] >= heartbeat):
+            log(f"waiting for {what}: {state} ({now - started:.0f}s of {timeout:.0f}s)")
+            last.update(logged=state, logged_at=now)
         return done, value
 
     retrying = tenacity.Retrying(
