@@ -113,7 +113,7 @@ class MasterVersionProvider(_IksProvider):
         return wait_for(f"master of cluster {cluster} at {target} (deployed, normal)", poll, timeout, interval)
 
 
-class MasterVersion(dyn.Resource):
+class MasterVersion(dyn.Resource, module="gpu-migration", name="MasterVersion"):
     """The cluster master at `version` or newer; workers must depend on this before they are replaced."""
 
     cluster: pulumi.Output[str]
@@ -279,7 +279,7 @@ class WorkerReplacementProvider(_IksProvider):
                               e.status_code) from None
 
 
-class WorkerReplacement(dyn.Resource):
+class WorkerReplacement(dyn.Resource, module="gpu-migration", name="WorkerReplacement"):
     """`worker_id` replaced (update=true) by a worker at `kube_version`; resumes an interrupted replacement."""
 
     old_worker_id: pulumi.Output[str]
@@ -371,7 +371,7 @@ class TempGpuPoolProvider(_IksProvider):
         wait_for(f"worker pool {name} of cluster {cluster} removed", poll, timeout, interval)
 
 
-class TempGpuPool(dyn.Resource):
+class TempGpuPool(dyn.Resource, module="gpu-migration", name="TempGpuPool"):
     """A temporary VPC GPU worker pool (one zone), ready before the first replacement; adopted if it exists."""
 
     pool_id: pulumi.Output[str]

@@ -12,7 +12,7 @@ from pulumi.runtime.mocks import MockMonitor
 from components import config, status
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DYNAMIC = "pulumi-python:dynamic:Resource"
+REPLACEMENT = "pulumi-python:dynamic/gpu-migration:WorkerReplacement"
 
 
 def stack_config(stack: str) -> dict[str, Any]:

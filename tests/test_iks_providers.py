@@ -443,7 +443,7 @@ def test_create_in_the_real_dynamic_provider_host_with_the_key_from_stack_config
         config = {"gpu-migration:ibmApiKey": "test-api-key"}
         stub.Configure(proto.ConfigureRequest(args=asyncio.run(rpc.serialize_properties(config, {}))), timeout=10)
         response = stub.Create(proto.CreateRequest(
-            urn="urn:pulumi:test::gpu-migration::pulumi-python:dynamic:Resource::n1-replacement",
+            urn="urn:pulumi:test::gpu-migration::pulumi-python:dynamic/gpu-migration:WorkerReplacement::n1-replacement",
             properties=asyncio.run(rpc.serialize_properties(props, {}))), timeout=30)
         outs = rpc.deserialize_properties(response.properties)
         assert response.id == old and outs["old_worker_id"] == old and outs["new_worker_id"] in emu.workers

@@ -4,7 +4,7 @@ import copy
 import pytest
 from pulumi.runtime.rpc import _special_secret_sig as SECRET_SIG, _special_sig_key as SECRET_SIG_KEY
 
-from harness import DYNAMIC, kubernetes_validate, run_program, stack_config
+from harness import REPLACEMENT, kubernetes_validate, run_program, stack_config
 
 DRA_NODE, DP_NODE, IBM_NODE = "10.240.0.11", "10.240.0.12", "10.240.0.13"
 PILOT_LABEL = "migration.example.com/gpu-dra"
@@ -101,7 +101,7 @@ def test_validation_catches_a_bad_manifest(pilot_run, tmp_path):
 def test_prod_has_no_dra_yet(tmp_path):
     run = run_program(stack_config("prod"))
     assert not {"dra-driver", "device-class", "dra-preflight", "smoke-namespace"} & run.names()
-    assert [r.name for r in run.of_type(DYNAMIC) if r.name.endswith("-replacement")] == ["10.241.0.21-replacement"]
+    assert [r.name for r in run.of_type(REPLACEMENT)] == ["10.241.0.21-replacement"]
     assert all(labels(run, n) == {"nvidia.com/gpu.deploy.operands": "false", "nvidia.com/gpu.deploy.driver": "false"}
                for n in ("10.241.0.22", "10.241.0.23", "10.241.0.24"))
     result = kubernetes_validate(run.kubernetes_manifests(), tmp_path)
