@@ -105,7 +105,8 @@ class TempGpuPool(Model):
 
     @model_validator(mode="after")
     def _flavor_zone(self) -> "TempGpuPool":
-        missing = [k for k in ("flavor", "zone") if self.enabled and not getattr(self, k)]
+        # A VPC worker pool needs all four; IKS would refuse it mid-`up` otherwise.
+        missing = [to_camel(k) for k in ("flavor", "zone", "vpc_id", "subnet_id") if self.enabled and not getattr(self, k)]
         if missing:
             raise ValueError(f"tempGpuPool.enabled is true but {', '.join(missing)} is empty")
         return self

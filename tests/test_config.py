@@ -96,7 +96,7 @@ def test_stage_needs_kube_version(raw):
 
 def test_temp_pool_needs_flavor_and_zone(raw):
     raw["tempGpuPool"] = {"enabled": True, "flavor": "gx3.16x80.l4"}
-    assert "tempGpuPool.enabled is true but zone is empty" in error_for(raw)
+    assert "tempGpuPool.enabled is true but zone, vpcId, subnetId is empty" in error_for(raw)
 
 
 def test_bad_config_declares_nothing(raw):

@@ -132,14 +132,16 @@ def test_single_gpu_node_is_replaced_only_with_a_temp_pool():
     raw = pilot()
     raw["nodes"] = raw["nodes"][1:2]
     assert run_program(raw).named(f"{DP_NODE}-replacement").inputs["single_gpu_node"] is True
-    raw["tempGpuPool"] = {"enabled": True, "flavor": "gx3.16x80.l4", "zone": "us-south-1"}
+    raw["tempGpuPool"] = {"enabled": True, "flavor": "gx3.16x80.l4", "zone": "us-south-1", "vpcId": "r006-vpc",
+                          "subnetId": "0717-subnet"}
     assert run_program(raw).named(f"{DP_NODE}-replacement").inputs["single_gpu_node"] is False
     assert run_program(pilot()).named(f"{DP_NODE}-replacement").inputs["single_gpu_node"] is False
 
 
 def test_temp_pool_comes_before_replacements():
     raw = pilot()
-    raw["tempGpuPool"] = {"enabled": True, "flavor": "gx3.16x80.l4", "zone": "us-south-1"}
+    raw["tempGpuPool"] = {"enabled": True, "flavor": "gx3.16x80.l4", "zone": "us-south-1", "vpcId": "r006-vpc",
+                          "subnetId": "0717-subnet"}
     run = run_program(raw)
     pool = run.named("temp-gpu-pool").inputs
     assert (pool["flavor"], pool["zone"]) == ("gx3.16x80.l4", "us-south-1")
