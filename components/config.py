@@ -4,15 +4,17 @@ Everything is validated here, before any resource is declared; errors name the k
 """
 import json
 import re
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, get_args
 
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from .versions import version_at_least
+
 NAMESPACE = "gpu-migration"
-STAGES = ("ibm-managed", "device-plugin", "dra")
 Stage = Literal["ibm-managed", "device-plugin", "dra"]
+STAGES = get_args(Stage)
 MIN_MINOR = {"device-plugin": 36, "dra": 37}  # kube minor each stage needs
 
 # Kubernetes name grammars (apimachinery validation).
@@ -192,10 +194,9 @@ class MigrationConfig(Model):
     @model_validator(mode="after")
     def _version_supports_stages(self) -> "MigrationConfig":
         """The GPU Operator path needs workers at >= 1.36, DRA extended resources >= 1.37."""
-        minor = int(self.kube_version.split(".")[1]) if self.kube_version.startswith("1.") else 99
         for node in self.nodes:
             needed = MIN_MINOR.get(node.stage, 0)
-            if minor < needed:
+            if not version_at_least(self.kube_version, f"1.{needed}"):
                 raise ValueError(
                     f"node {node.name!r} is at stage {node.stage!r}, which needs kubeVersion >= 1.{needed} "
                     f"(got {self.kube_version!r})"

@@ -17,11 +17,10 @@ from .iks_api import (
     is_deleting,
     is_deployed,
     is_ready,
-    minor_steps,
     primary_ip,
-    version_at_least,
     worker_version,
 )
+from .versions import minor_steps, version_at_least
 from .waiting import WaitTimeout, optional_float, wait_for
 
 

@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
 from . import kube_checks
-from .iks_api import version_at_least
+from .versions import version_at_least
 from .waiting import WaitTimeout, optional_float, wait_for
 
 VERIFICATION_ANNOTATION = "migration.example.com/gpu-verification"

@@ -2,8 +2,8 @@
 
 Order of operations (enforced with depends_on):
   master version -> [temporary GPU pool] -> for each node past `ibm-managed`, one at a time:
-  worker replacement -> labels -> operator readiness -> next node.
-  `ibm-managed` labels -> GPU Operator (so it never touches IBM-managed nodes).
+  fence -> worker replacement -> labels -> operator readiness -> next node.
+  `ibm-managed` labels + fences of nodes awaiting replacement -> GPU Operator (never next to IBM's drivers).
   `dra` labels + DRA driver + DeviceClass -> preflight -> smoke Pods -> smoke verification.
   Rollback (`dra` -> `device-plugin`): drain -> labels -> verification on the device-plugin path.
 """
@@ -17,6 +17,7 @@ from . import charts, dra, iks_providers, kube_providers, node_labels, smoke_tes
 from .config import MIN_MINOR, MigrationConfig, Node
 
 OPERATOR_MIN_VERSION = f"1.{MIN_MINOR['device-plugin']}"  # workers below it still run IBM-managed drivers
+
 
 @dataclass
 class Declared:
@@ -231,7 +232,7 @@ def declare(cfg: MigrationConfig) -> Declared:
         readiness_deps.append(out.dra_driver)
 
     # Nodes past ibm-managed are replaced one at a time, in config order: each waits for the previous one's readiness.
-    migrated = [n for n in gpu_nodes if n.fence is not None]
+    migrated = [n for n in gpu_nodes if n.node.stage != "ibm-managed"]
     for i, gpu_node in enumerate(migrated):
         previous = [migrated[i - 1].readiness] if i else []
         siblings = [n.worker_id for n in cfg.nodes if n != gpu_node.node]

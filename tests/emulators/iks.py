@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 import jwt
 
+from components.versions import version_key
 from tests.emulators.http import LocalServer
 
 _JWT_KEY = "iks-emulator-signing-key-not-a-secret-000"
@@ -251,7 +252,7 @@ class IksEmulator:
         life = self.cluster["lifecycle"]
         if life["masterState"] != "deployed":
             raise Error(409, "A master update is already in progress.", "E3410")
-        current, wanted = (int(v.split(".")[1].split("_")[0]) for v in (self.cluster["masterKubeVersion"], full))
+        current, wanted = (version_key(v)[1] for v in (self.cluster["masterKubeVersion"], full))
         if wanted > current + 1:  # IKS: one minor version at a time
             raise Error(400, f"The master can be updated only one minor version at a time, not to {full}.", "E2a37")
         self.cluster["targetVersion"] = full
