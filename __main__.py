@@ -1,4 +1,4 @@
 """gpu-migration: moves IKS GPU nodes ibm-managed -> device-plugin (GPU Operator) -> dra, per stack config."""
-from components import config, migration
+from iks_gpu_migration import config, migration
 
 migration.export(migration.declare(config.load()))

@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from pulumi.dynamic import ConfigureRequest
 from pulumi.runtime.rpc import _special_secret_sig as SECRET_SIG, _special_sig_key as SECRET_SIG_KEY
 
-from components import config
+from iks_gpu_migration import config
 from tests.emulators.iks import IksEmulator
 from tests.emulators.kube import KubeEmulator
 
@@ -480,7 +480,7 @@ class UpResult:
 
 def up(cluster: Cluster, raw: dict[str, Any], api_key: str, prior: Optional[dict[str, State]] = None) -> UpResult:
     """One `pulumi up` of the program with stack config `raw` (camelCase keys) and the secret API key."""
-    from components import migration
+    from iks_gpu_migration import migration
 
     values = {f"{config.NAMESPACE}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
     values[f"{config.NAMESPACE}:ibmApiKey"] = api_key

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 import pulumi
 from pulumi.runtime.mocks import MockMonitor
 
-from components import config, status
+from iks_gpu_migration import config, status
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REPLACEMENT = "pulumi-python:dynamic/gpu-migration:WorkerReplacement"
@@ -129,7 +129,7 @@ def registered_by(declare: Callable[[], Any]) -> list[Registered]:
 
 def run_program(raw: dict[str, Any], secrets: Optional[dict[str, str]] = None, preview: bool = False) -> Run:
     """Declare the whole stack from `raw` config (camelCase keys) under mocks; config errors propagate."""
-    from components import migration  # imports the dynamic providers
+    from iks_gpu_migration import migration  # imports the dynamic providers
 
     values = {**raw, **(secrets or {})}
 

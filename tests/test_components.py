@@ -1,8 +1,8 @@
 """Each Kubernetes component alone, under Pulumi mocks."""
 import pytest
 
-from components import charts, dra, node_labels, smoke_test
-from components.config import HelmChart, SmokeTest
+from iks_gpu_migration import charts, dra, node_labels, smoke_test
+from iks_gpu_migration.config import HelmChart, SmokeTest
 from harness import registered_by
 
 PILOT = ("migration.example.com/gpu-dra", "pilot")

@@ -3,7 +3,7 @@ import copy
 
 import pytest
 
-from components.config import ConfigError, parse
+from iks_gpu_migration.config import ConfigError, parse
 from harness import run_program, stack_config
 
 

@@ -14,9 +14,9 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import proto, rpc
 from pulumi.runtime.proto import provider_pb2_grpc
 
-from components import iks_providers as iks
-from components.iks_api import IksApiError, IksClient
-from components.waiting import WaitTimeout
+from iks_gpu_migration import iks_providers as iks
+from iks_gpu_migration.iks_api import IksApiError, IksClient
+from iks_gpu_migration.waiting import WaitTimeout
 from tests.emulators.iks import IksEmulator
 
 FAST = {"timeout": 5, "poll_interval": 0.01}
@@ -78,7 +78,7 @@ def test_master_is_updated_one_minor_version_at_a_time():
 
 
 def test_master_steps():
-    from components.versions import minor_steps
+    from iks_gpu_migration.versions import minor_steps
     assert minor_steps("1.35.4_1540", "1.37") == ["1.36", "1.37"]
     assert minor_steps("1.35.4_1540", "1.36") == ["1.36"]
     assert minor_steps("1.37.0_1501", "1.36") == [] == minor_steps("1.36.1_1530", "1.36")
@@ -416,8 +416,8 @@ def test_resources_declare_and_their_providers_serialize():
 
 
 def test_version_and_readiness_helpers():
-    from components.iks_api import is_ready
-    from components.versions import version_at_least
+    from iks_gpu_migration.iks_api import is_ready
+    from iks_gpu_migration.versions import version_at_least
     assert version_at_least("1.36.1_1530", "1.36") and version_at_least("1.37.0_1501", "1.36")
     assert not version_at_least("1.35.4_1540", "1.36") and not version_at_least("", "1.36")
     assert not version_at_least("1.36.1_1530", "1.36.2")

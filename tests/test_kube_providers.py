@@ -7,8 +7,8 @@ import pulumi
 import pytest
 from kubernetes import config as kube_config
 
-from components import kube_checks, kube_providers, status
-from components.kube_providers import VERIFICATION_ANNOTATION, CheckFailed
+from iks_gpu_migration import kube_checks, kube_providers, status
+from iks_gpu_migration.kube_providers import VERIFICATION_ANNOTATION, CheckFailed
 from tests.emulators.kube import KubeEmulator, openapi_resource_v1
 
 DRIVER, ER, NS = "gpu.example.com", "example.com/gpu", "gpu-pilot"

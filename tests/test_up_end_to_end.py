@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from components.kube_providers import VERIFICATION_ANNOTATION
+from iks_gpu_migration.kube_providers import VERIFICATION_ANNOTATION
 from harness import stack_config
 from tests.e2e_up import Cluster, RecordingIks, RecordingKube, Timeline, gpu_uuid, up
 

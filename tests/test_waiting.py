@@ -1,7 +1,7 @@
 """The shared bounded wait: value on success, progress while waiting, a timeout naming what was awaited."""
 import pytest
 
-from components.waiting import WaitTimeout, optional_float, wait_for
+from iks_gpu_migration.waiting import WaitTimeout, optional_float, wait_for
 
 
 def test_returns_the_value_and_logs_each_new_state():

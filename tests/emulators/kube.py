@@ -1,4 +1,4 @@
-"""A local Kubernetes API emulator: real HTTP + JSON on 127.0.0.1, serving only what components.kube_* use.
+"""A local Kubernetes API emulator: real HTTP + JSON on 127.0.0.1, serving only what iks_gpu_migration.kube_* use.
 
 Tests set the scenario by editing the dicts (nodes, pods, logs, events, slices, claims, openapi), change it
 while the code polls with `after(n, path_part, change)`, and may hook `on_pod_create(pod)` to "run" pods the code

@@ -2,7 +2,7 @@
 
 Each provider builds its ApiClient per call from `kubeconfig` (None: KUBECONFIG or ~/.kube/config): providers are
 dill-serialized into the state (by reference to this module), so they hold no clients. Every wait is bounded
-(components.waiting.wait_for); a failed check fails `up` with a message naming the node, pod or device, and the next
+(iks_gpu_migration.waiting.wait_for); a failed check fails `up` with a message naming the node, pod or device, and the next
 `up` retries it.
 """
 import json
@@ -37,7 +37,7 @@ def _bullets(problems: Sequence[str]) -> str:
 
 
 def _record(api, node: str, record: dict[str, Any]) -> None:
-    """Store the last verification on the node, for `python -m components.status`."""
+    """Store the last verification on the node, for `python -m iks_gpu_migration.status`."""
     record = {**record, "checkedAt": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     body = {"metadata": {"annotations": {VERIFICATION_ANNOTATION: json.dumps(record, sort_keys=True)}}}
     client.CoreV1Api(api).patch_node(node, body)

@@ -1,6 +1,6 @@
 """Migration status per GPU node: configured stage vs. what the cluster shows.
 
-    python -m components.status --stack pilot [--kubeconfig PATH]
+    python -m iks_gpu_migration.status --stack pilot [--kubeconfig PATH]
 
 Reads `gpu-migration:nodes` from Pulumi.<stack>.yaml and, per node, prints the labels this program and the GPU
 Operator use, whether it is cordoned, and the last verification recorded on it by SmokeTestVerification or
@@ -84,7 +84,7 @@ def status_text(stack: str, kubeconfig: Optional[str] = None, project_dir: Path 
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m components.status", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m iks_gpu_migration.status", description=__doc__.split("\n")[0])
     parser.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
     parser.add_argument("--kubeconfig", help="default: gpu-migration:kubeconfig, then KUBECONFIG / ~/.kube/config")
     parser.add_argument("--project-dir", type=Path, default=PROJECT_DIR)
