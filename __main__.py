@@ -1,4 +1,4 @@
 """gpu-migration: moves IKS GPU nodes ibm-managed -> device-plugin (GPU Operator) -> dra, per stack config."""
-from iks_gpu_migration import config, migration
+from iks_gpu_migration.program import main
 
-migration.export(migration.declare(config.load()))
+main()

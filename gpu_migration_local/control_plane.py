@@ -1,0 +1,239 @@
+"""A real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kwok.
+
+Like controller-runtime's envtest (pkg/internal/testing/controlplane): real binaries, loopback only, a throw-away data
+dir, an admin token in system:masters. Nodes have no kubelet: kwok plays node and pod status, and the doubles in
+gpu_doubles.py play the NVIDIA components. DRA allocation is done by the real kube-scheduler.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+ADMIN_TOKEN = "local-admin-token"
+
+# kube-controller-manager controllers the migration needs (names as in cmd/kube-controller-manager/names):
+# ResourceClaim cleanup needs the resourceclaim controller and GC for the claim's ownerRef to its pod (KEP-5004);
+# DaemonSets of the stand-in charts need the daemonset controller; Deployments need deployment + replicaset.
+CONTROLLERS = [
+    "resourceclaim-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "daemonset-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "serviceaccount-controller",
+    "job-controller",
+    "pod-garbage-collector-controller",
+    "disruption-controller",  # PodDisruptionBudget status, which the Eviction API reads
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Process:
+    name: str
+    argv: list[str]
+    log: pathlib.Path
+    popen: Optional[subprocess.Popen] = None
+
+    def start(self, env: Optional[dict] = None) -> None:
+        with open(self.log, "ab") as out:
+            # A new session: stopping the control plane never signals the test runner's process group.
+            self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                          start_new_session=True, stdin=subprocess.DEVNULL)
+
+    def check_alive(self) -> None:
+        if self.popen is not None and self.popen.poll() is not None:
+            raise RuntimeError(f"{self.name} exited with {self.popen.returncode}; last log lines:\n{self.tail()}")
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(timeout=10)
+
+
+@dataclass
+class ControlPlane:
+    """Start with `start()`, stop with `stop()`; `kubeconfig` is an admin kubeconfig for 127.0.0.1."""
+    workdir: pathlib.Path
+    bin_dir: pathlib.Path
+    kubelet_port: int = 0  # where nodes' kubelet endpoint points (the kubelet log double); 0: none
+    processes: list[Process] = field(default_factory=list)
+    apiserver_port: int = 0
+
+    @property
+    def kubeconfig(self) -> pathlib.Path:
+        return self.workdir / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    def _bin(self, name: str) -> str:
+        return str(self.bin_dir / name)
+
+    def _proc(self, name: str, argv: list[str]) -> Process:
+        p = Process(name, argv, self.workdir / f"{name}.log")
+        self.processes.append(p)
+        return p
+
+    def start(self, timeout: float = 120.0) -> "ControlPlane":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        d = self.workdir
+        _openssl("genrsa", "-out", str(d / "sa.key"), "2048")
+        (d / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
+        etcd_port, peer_port = free_port(), free_port()
+        self.apiserver_port = free_port()
+        self._write_kubeconfig()
+
+        etcd = self._proc("etcd", [
+            self._bin("etcd"), "--data-dir", str(d / "etcd"), "--name", "default",
+            "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync",  # a throw-away store: durability buys nothing here
+        ])
+        etcd.start()
+        sa = str(d / "sa.key")
+        apiserver = self._proc("kube-apiserver", [
+            self._bin("kube-apiserver"),
+            "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(self.apiserver_port), "--cert-dir", str(d / "apiserver-certs"),
+            "--token-auth-file", str(d / "tokens.csv"), "--authorization-mode", "RBAC",
+            "--service-account-issuer", "https://kubernetes.default.svc",
+            "--service-account-key-file", sa, "--service-account-signing-key-file", sa,
+            # Only an allocator range for Service IPs; nothing is routed to it.
+            "--service-cluster-ip-range", "10.0.0.0/24",
+            "--allow-privileged=true",
+            # As envtest: no token volumes to mount without a kubelet.
+            "--disable-admission-plugins", "ServiceAccount",
+            "--kubelet-preferred-address-types", "InternalIP",
+            "--enable-priority-and-fairness=false",
+        ])
+        apiserver.start()
+        self._wait_ready(f"{self.server}/readyz", "kube-apiserver /readyz", timeout, [etcd, apiserver])
+
+        common = ["--kubeconfig", str(self.kubeconfig), "--authentication-kubeconfig", str(self.kubeconfig),
+                  "--authorization-kubeconfig", str(self.kubeconfig), "--leader-elect=false",
+                  "--bind-address", "127.0.0.1"]
+        scheduler_port, kcm_port = free_port(), free_port()
+        scheduler = self._proc("kube-scheduler", [self._bin("kube-scheduler"), *common,
+                                                  "--secure-port", str(scheduler_port)])
+        kcm = self._proc("kube-controller-manager", [
+            self._bin("kube-controller-manager"), *common, "--secure-port", str(kcm_port),
+            "--controllers", ",".join(CONTROLLERS), "--use-service-account-credentials=false",
+            "--concurrent-gc-syncs", "5",
+        ])
+        kwok = self._proc("kwok", [
+            self._bin("kwok"), "--kubeconfig", str(self.kubeconfig),
+            # Only nodes the local IKS cluster creates (annotation kwok.x-k8s.io/node=fake) are played by kwok.
+            "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector", "kwok.x-k8s.io/node=fake",
+            # Every node's kubelet endpoint is the kubelet log double on 127.0.0.1 (the API server proxies
+            # pods/log there, as it does to a real kubelet).
+            "--node-ip", "127.0.0.1", *(["--node-port", str(self.kubelet_port)] if self.kubelet_port else []),
+            "--cidr", "10.1.0.1/16",
+        ])
+        for p in (scheduler, kcm, kwok):
+            p.start()
+        self._wait_ready(f"https://127.0.0.1:{scheduler_port}/healthz", "kube-scheduler /healthz", timeout,
+                         [scheduler])
+        self._wait_ready(f"https://127.0.0.1:{kcm_port}/healthz", "kube-controller-manager /healthz", timeout,
+                         [kcm])
+        self.wait_for_default_service_account(timeout)
+        return self
+
+    def _write_kubeconfig(self) -> None:
+        cfg = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "local",
+            "clusters": [{"name": "local", "cluster": {"server": self.server, "insecure-skip-tls-verify": True}}],
+            "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+        }
+        self.kubeconfig.write_text(json.dumps(cfg, indent=1))
+
+    def _wait_ready(self, url: str, what: str, timeout: float, procs: list[Process]) -> None:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        deadline, last = time.monotonic() + timeout, "no answer yet"
+        while time.monotonic() < deadline:
+            for p in procs:
+                p.check_alive()
+            req = urllib.request.Request(url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+            try:
+                with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
+                    if r.status == 200:
+                        return
+                    last = f"HTTP {r.status}"
+            except Exception as e:  # noqa: BLE001 - any failure is "not ready yet"; the last one is reported
+                last = str(e)
+            time.sleep(0.3)
+        logs = "\n".join(f"--- {p.name}\n{p.tail()}" for p in procs)
+        raise TimeoutError(f"{what} not ready after {timeout:.0f} s (last: {last})\n{logs}")
+
+    def wait_for_default_service_account(self, timeout: float) -> None:
+        """The serviceaccount controller creates `default` in each namespace; Helm and pods expect it."""
+        from kubernetes import client, config as kconfig
+        api = client.CoreV1Api(kconfig.new_client_from_config(str(self.kubeconfig)))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                api.read_namespaced_service_account("default", "default")
+                return
+            except client.ApiException:
+                time.sleep(0.3)
+        raise TimeoutError(f"no default ServiceAccount after {timeout:.0f} s (serviceaccount controller)")
+
+    def stop(self) -> None:
+        for p in reversed(self.processes):
+            p.stop()
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def self_signed_cert(directory: pathlib.Path, name: str) -> tuple[str, str]:
+    """A throw-away serving certificate for 127.0.0.1 (the kubelet log double)."""
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+             "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert))
+    return str(cert), str(key)
+
+
+def temp_workdir(prefix: str = "gpu-migration-cluster-") -> pathlib.Path:
+    return pathlib.Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def remove_workdir(path: pathlib.Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+

@@ -1,0 +1,63 @@
+"""Runs this program under the real Pulumi CLI and engine, with a file backend and passphrase secrets.
+
+The CLI's Python language host (`pulumi-language-python`) is not served by the Go module proxy at any version, so
+the program is driven through the Automation API: the CLI runs `pulumi up|preview|refresh --client=<addr>` and the
+same program function (`iks_gpu_migration.program.main`) runs in this process. Everything else is the real engine:
+the diff, the plan, the state file, the Kubernetes provider plugin and the dynamic-provider host
+(`pulumi-resource-pulumi-python`, which imports the installed `iks_gpu_migration` package).
+"""
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from pulumi import automation as auto
+
+from . import tools
+
+PROJECT = "gpu-migration"
+PASSPHRASE = "local-passphrase"  # the local stack's secrets protect nothing real
+
+
+@dataclass
+class Engine:
+    """One project directory (Pulumi.yaml + Pulumi.<stack>.yaml) and one file backend."""
+    project_dir: pathlib.Path
+    backend_dir: pathlib.Path
+    env: Optional[dict[str, str]] = None
+
+    def _workspace_opts(self) -> auto.LocalWorkspaceOptions:
+        env = dict(tools.engine_env())
+        env.update(self.env or {})
+        env.update(PULUMI_CONFIG_PASSPHRASE=PASSPHRASE, PULUMI_BACKEND_URL=self.backend_dir.resolve().as_uri())
+        b = tools.bin_dir()
+        return auto.LocalWorkspaceOptions(
+            work_dir=str(self.project_dir),
+            pulumi_home=env["PULUMI_HOME"],
+            pulumi_command=auto.PulumiCommand(root=str(b.parent), skip_version_check=True),
+            env_vars=env,
+        )
+
+    def stack(self, name: str, program: Optional[Callable[[], None]] = None) -> auto.Stack:
+        self.backend_dir.mkdir(parents=True, exist_ok=True)
+        if program is None:
+            from iks_gpu_migration.program import main as program
+        return auto.create_or_select_stack(stack_name=name, project_name=PROJECT, program=program,
+                                           opts=self._workspace_opts())
+
+    def cli(self) -> tuple[str, dict[str, str]]:
+        """The `pulumi` binary and environment, for commands that need no program (history, export, output)."""
+        env = dict(tools.engine_env())
+        env.update(self.env or {})
+        env.update(PULUMI_CONFIG_PASSPHRASE=PASSPHRASE, PULUMI_BACKEND_URL=self.backend_dir.resolve().as_uri())
+        return str(tools.bin_dir() / "pulumi"), env
+
+
+def printer(prefix: str = "") -> Callable[[str], None]:
+    def out(line: str) -> None:
+        print(f"{prefix}{line}", flush=True)
+    return out
+
+
+__all__ = ["Engine", "printer"]

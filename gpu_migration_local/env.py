@@ -1,0 +1,62 @@
+"""The whole local environment: real control plane, kubelet log double and GPU doubles, started and stopped together."""
+from __future__ import annotations
+
+import logging
+import pathlib
+from dataclasses import dataclass, field
+from typing import Optional
+
+from kubernetes import client, config as kconfig
+
+from . import tools
+from .control_plane import ControlPlane, remove_workdir, self_signed_cert, temp_workdir
+from .gpu_doubles import GpuDoubles
+from .kubelet_logs import KubeletLogServer, LogStore
+
+log = logging.getLogger("gpu-migration-local")
+
+
+@dataclass
+class LocalCluster:
+    workdir: pathlib.Path = field(default_factory=temp_workdir)
+    wipe_delay: float = 3.0
+    keep_workdir: bool = False
+    control_plane: Optional[ControlPlane] = None
+    logs: LogStore = field(default_factory=LogStore)
+    log_server: Optional[KubeletLogServer] = None
+    doubles: Optional[GpuDoubles] = None
+    api_client: Optional[client.ApiClient] = None
+
+    @property
+    def kubeconfig(self) -> pathlib.Path:
+        assert self.control_plane is not None
+        return self.control_plane.kubeconfig
+
+    def start(self) -> "LocalCluster":
+        try:
+            cert, key = self_signed_cert(self.workdir, "kubelet")
+            self.log_server = KubeletLogServer(self.logs, cert, key).start()
+            self.control_plane = ControlPlane(self.workdir, tools.bin_dir(), kubelet_port=self.log_server.port)
+            self.control_plane.start()
+            self.api_client = kconfig.new_client_from_config(str(self.kubeconfig))
+            self.doubles = GpuDoubles(self.api_client, self.logs, wipe_delay=self.wipe_delay).start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.doubles:
+            self.doubles.stop()
+        if self.control_plane:
+            self.control_plane.stop()
+        if self.log_server:
+            self.log_server.stop()
+        if not self.keep_workdir:
+            remove_workdir(self.workdir)
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

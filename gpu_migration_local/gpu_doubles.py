@@ -1,0 +1,301 @@
+"""Test doubles for what can't run here — NVIDIA's operands, GPUs, the kubelet's device and DRA managers — as small
+controllers against the real API server. Each behaviour follows the real component; the source is named beside it.
+
+Node identity: a GPU node is a Node whose label `nvidia.com/gpu.present` is "true" or that carries the IKS GPU flavor
+label; its GPUs are `gpu-migration.local/gpus` (annotation, default 1). GPU UUIDs are derived from the node name, so a
+test can predict them.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Optional
+
+from kubernetes import client
+
+from .kubelet_logs import LogStore
+
+log = logging.getLogger("gpu-doubles")
+
+GPU_PRESENT = "nvidia.com/gpu.present"
+GPUS_ANNOTATION = "gpu-migration.local/gpus"
+# IKS GPU workers below 1.36 come with IBM-managed drivers and IBM's device plugin (../shared/reference/iks-api.md;
+# IBM docs "GPU worker nodes"): the node advertises nvidia.com/gpu without the GPU Operator.
+IBM_DRIVER_ANNOTATION = "gpu-migration.local/ibm-managed-driver"
+# Fault injection for the smoke test: "exit=<code>" or "uuid=<wrong uuid>" on the node.
+SMI_FAULT_ANNOTATION = "gpu-migration.local/nvidia-smi-fault"
+DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu"
+DRA_DRIVER = "gpu.nvidia.com"
+
+# gpu-operator controllers/state_manager.go: the per-operand deploy labels the operator sets to "true" on GPU nodes
+# (an existing value is honoured) and removes all of them when nvidia.com/gpu.deploy.operands=false
+# (removeAllGPUStateLabels).
+OPERAND_LABELS = [
+    "nvidia.com/gpu.deploy.driver",
+    "nvidia.com/gpu.deploy.container-toolkit",
+    "nvidia.com/gpu.deploy.device-plugin",
+    "nvidia.com/gpu.deploy.gpu-feature-discovery",
+    "nvidia.com/gpu.deploy.dcgm-exporter",
+    "nvidia.com/gpu.deploy.operator-validator",
+]
+OPERANDS_LABEL = "nvidia.com/gpu.deploy.operands"
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}/{index}"))
+
+
+def _running(pod: client.V1Pod) -> bool:
+    return pod.status is not None and pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None
+
+
+def _ready(pod: client.V1Pod) -> bool:
+    return _running(pod) and any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+
+
+def _pod_app(pod: client.V1Pod) -> str:
+    return (pod.metadata.labels or {}).get("app", "")
+
+
+def _requests(pod: client.V1Pod, resource: str) -> int:
+    total = 0
+    for c in pod.spec.containers:
+        r = (c.resources.limits or {}) if c.resources else {}
+        total += int(r.get(resource, 0) or 0)
+    return total
+
+
+@dataclass
+class GpuDoubles:
+    """Runs every double in one polling thread. `wipe_delay`: seconds before the kubelet wipes a departed DRA
+    plugin's ResourceSlices (30 s in the kubelet, pkg/kubelet/cm/dra/manager.go; shorter here to keep tests quick)."""
+    api_client: client.ApiClient
+    logs: LogStore
+    operator_namespace: str = "gpu-operator"
+    wipe_delay: float = 3.0
+    interval: float = 0.25
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: Optional[threading.Thread] = None
+    _plugin_gone_since: dict[str, float] = field(default_factory=dict)
+    _prepared: set[str] = field(default_factory=set)
+    _finished: set[str] = field(default_factory=set)
+    errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.core = client.CoreV1Api(self.api_client)
+        self.apps = client.AppsV1Api(self.api_client)
+        self.custom = client.CustomObjectsApi(self.api_client)
+
+    def start(self) -> "GpuDoubles":
+        self._thread = threading.Thread(target=self._loop, name="gpu-doubles", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconcile()
+            except Exception as e:  # noqa: BLE001 - a double must keep running; errors are kept for the test
+                if not self.errors or self.errors[-1] != str(e):
+                    log.warning("gpu doubles: %s", e)
+                    self.errors.append(str(e))
+            self._stop.wait(self.interval)
+
+    # One pass over the cluster; public so tests can step it deterministically.
+    def reconcile(self) -> None:
+        nodes = {n.metadata.name: n for n in self.core.list_node().items}
+        pods = self.core.list_pod_for_all_namespaces().items
+        operator_running = any(_running(p) and _pod_app(p) == "gpu-operator" for p in pods)
+        if operator_running:
+            self._label_operands(nodes)
+        by_node: dict[str, list[client.V1Pod]] = {}
+        for p in pods:
+            if p.spec.node_name:
+                by_node.setdefault(p.spec.node_name, []).append(p)
+        slices = self._slices()
+        for name, node in nodes.items():
+            if not self._is_gpu_node(node):
+                continue
+            node_pods = by_node.get(name, [])
+            self._device_plugin(node, node_pods)
+            self._dra_plugin(node, node_pods, [s for s in slices if s["spec"].get("nodeName") == name])
+        self._run_gpu_programs(nodes, pods)
+
+    @staticmethod
+    def _is_gpu_node(node: client.V1Node) -> bool:
+        labels = node.metadata.labels or {}
+        return labels.get(GPU_PRESENT) == "true"
+
+    @staticmethod
+    def _gpus(node: client.V1Node) -> int:
+        return int((node.metadata.annotations or {}).get(GPUS_ANNOTATION, "1"))
+
+    def _label_operands(self, nodes: dict[str, client.V1Node]) -> None:
+        """gpu-operator controllers/state_manager.go labelGPUNodes: add missing deploy labels on GPU nodes; with
+        deploy.operands=false remove every GPU state label (removeAllGPUStateLabels)."""
+        for node in nodes.values():
+            labels = node.metadata.labels or {}
+            if not self._is_gpu_node(node):
+                continue
+            if labels.get(OPERANDS_LABEL) == "false":
+                patch = {k: None for k in OPERAND_LABELS if k in labels}
+            else:
+                patch = {k: "true" for k in OPERAND_LABELS if k not in labels}
+            if patch:
+                self.core.patch_node(node.metadata.name, {"metadata": {"labels": patch}})
+
+    def _device_plugin(self, node: client.V1Node, pods: list[client.V1Pod]) -> None:
+        """The kubelet's device manager (pkg/kubelet/cm/devicemanager): a registered plugin's healthy devices are
+        capacity and allocatable; when the plugin's endpoint stops, allocatable drops to 0 and capacity stays, at 0
+        (not absent) — pkg/kubelet/nodestatus/setters.go. IBM's own plugin serves nodes with IBM-managed drivers."""
+        ibm = (node.metadata.annotations or {}).get(IBM_DRIVER_ANNOTATION) == "true"
+        plugin = ibm or any(_ready(p) and _pod_app(p) == "nvidia-device-plugin-daemonset" for p in pods)
+        want = str(self._gpus(node)) if plugin else "0"
+        cap = (node.status.capacity or {}) if node.status else {}
+        alloc = (node.status.allocatable or {}) if node.status else {}
+        had = DEVICE_PLUGIN_RESOURCE in cap
+        if not plugin and not had:
+            return  # never registered: the resource stays absent
+        if cap.get(DEVICE_PLUGIN_RESOURCE) != want or alloc.get(DEVICE_PLUGIN_RESOURCE) != want:
+            self.core.patch_node_status(node.metadata.name, {"status": {
+                "capacity": {DEVICE_PLUGIN_RESOURCE: want}, "allocatable": {DEVICE_PLUGIN_RESOURCE: want}}})
+
+    def _slices(self) -> list[dict]:
+        return self.custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")["items"]
+
+    def _dra_plugin(self, node: client.V1Node, pods: list[client.V1Pod], slices: list[dict]) -> None:
+        """NVIDIA/k8s-dra-driver-gpu cmd/gpu-kubelet-plugin (driver.go, deviceinfo.go): while the kubelet plugin runs
+        on a node it publishes one pool named after the node with a device `gpu-<minor>` per GPU and the attributes
+        `type`, `uuid`, `productName`, `brand`, `architecture`, `cudaComputeCapability`, `driverVersion`,
+        `cudaDriverVersion`, `pcieBusID` and capacity `memory`. The kubelet wipes the slices of a plugin that
+        unregistered after a delay (pkg/kubelet/cm/dra/manager.go)."""
+        name = node.metadata.name
+        plugin = next((p for p in pods if _ready(p) and p.metadata.name.startswith("nvidia-dra-driver-gpu-kubelet-plugin")),
+                      None)
+        mine = [s for s in slices if s["spec"].get("driver") == DRA_DRIVER]
+        if plugin is not None:
+            self._plugin_gone_since.pop(name, None)
+            if not mine:
+                self.custom.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
+                                                         self._slice(node))
+            self._log_prepared_claims(name, plugin)
+            return
+        if mine:
+            gone = self._plugin_gone_since.setdefault(name, time.monotonic())
+            if time.monotonic() - gone >= self.wipe_delay:
+                for s in mine:
+                    self.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
+                                                             s["metadata"]["name"])
+                self._plugin_gone_since.pop(name, None)
+
+    def _slice(self, node: client.V1Node) -> dict:
+        name = node.metadata.name
+        devices = []
+        for i in range(self._gpus(node)):
+            devices.append({
+                "name": f"gpu-{i}",
+                "attributes": {
+                    "type": {"string": "gpu"},
+                    "uuid": {"string": gpu_uuid(name, i)},
+                    "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                    "brand": {"string": "Nvidia"},
+                    "architecture": {"string": "Hopper"},
+                    "cudaComputeCapability": {"version": "9.0.0"},
+                    "driverVersion": {"version": "580.95.5"},
+                    "cudaDriverVersion": {"version": "13.0.0"},
+                    "pcieBusID": {"string": f"0000:{0x18 + i:02x}:00.0"},
+                },
+                "capacity": {"memory": {"value": "80Gi"}},
+            })
+        return {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"generateName": f"{name}-{DRA_DRIVER}-"},
+            "spec": {"driver": DRA_DRIVER, "nodeName": name,
+                     "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}, "devices": devices},
+        }
+
+    def _claims_on(self, node: str) -> list[dict]:
+        claims = self.custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceclaims")["items"]
+        out = []
+        for c in claims:
+            results = (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+            if any(r.get("driver") == DRA_DRIVER and r.get("pool") == node for r in results) and \
+                    (c.get("status") or {}).get("reservedFor"):
+                out.append(c)
+        return out
+
+    def _log_prepared_claims(self, node: str, plugin: client.V1Pod) -> None:
+        """The kubelet calls NodePrepareResources before a claim's pod starts; the plugin logs at level 0, container
+        `gpus`: v25.8 `Returning newly prepared devices for claim '<claimUID>': [...]` (cmd/gpu-kubelet-plugin/driver.go)."""
+        for c in self._claims_on(node):
+            uid = c["metadata"]["uid"]
+            if uid in self._prepared:
+                continue
+            self._prepared.add(uid)
+            devices = [r["device"] for r in c["status"]["allocation"]["devices"]["results"]]
+            self.logs.append(plugin.metadata.namespace, plugin.metadata.name, "gpus",
+                             f"I1202 driver.go:150] Returning newly prepared devices for claim '{uid}': "
+                             f"[{{Devices: {devices}}}]")
+
+    def _allocated_uuids(self, pod: client.V1Pod, node: client.V1Node) -> Optional[list[str]]:
+        """What the container sees: DRA devices from its claim (CDI), or the device plugin's assignment."""
+        ext = getattr(pod.status, "extended_resource_claim_status", None)
+        claim_name = ext.resource_claim_name if ext else None
+        if claim_name:
+            claim = self.custom.get_namespaced_custom_object("resource.k8s.io", "v1", pod.metadata.namespace,
+                                                             "resourceclaims", claim_name)
+            results = claim["status"]["allocation"]["devices"]["results"]
+            return [gpu_uuid(r["pool"], int(r["device"].split("-")[1])) for r in results]
+        n = _requests(pod, DEVICE_PLUGIN_RESOURCE)
+        if n:
+            return [gpu_uuid(node.metadata.name, i) for i in range(n)]
+        return None
+
+    def _run_gpu_programs(self, nodes: dict[str, client.V1Node], pods: list[client.V1Pod]) -> None:
+        """The container runtime for pods whose program ends (restartPolicy Never/OnFailure): `nvidia-smi -L` prints
+        one line per visible GPU (format in ../shared/reference/nvidia-dra.md) and exits 0; no GPU visible -> exit 6
+        ("No devices were found"). Other programs exit 0. Fault injection on the node via SMI_FAULT_ANNOTATION."""
+        for pod in pods:
+            uid = pod.metadata.uid
+            if uid in self._finished or not _running(pod) or pod.spec.restart_policy == "Always":
+                continue
+            node = nodes.get(pod.spec.node_name)
+            if node is None:
+                continue
+            self._finished.add(uid)
+            container = pod.spec.containers[0]
+            program = " ".join([*(container.command or []), *(container.args or [])])
+            exit_code = 0
+            if "nvidia-smi" in program:
+                uuids = self._allocated_uuids(pod, node) or []
+                fault = (node.metadata.annotations or {}).get(SMI_FAULT_ANNOTATION, "")
+                if fault.startswith("uuid="):
+                    uuids = [fault.split("=", 1)[1]]
+                for i, u in enumerate(uuids):
+                    self.logs.append(pod.metadata.namespace, pod.metadata.name, container.name,
+                                     f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: {u})")
+                if not uuids:
+                    self.logs.append(pod.metadata.namespace, pod.metadata.name, container.name,
+                                     "No devices were found")
+                    exit_code = 6
+                if fault.startswith("exit="):
+                    exit_code = int(fault.split("=", 1)[1])
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}],
+                "containerStatuses": [{
+                    "name": c.name, "image": c.image, "imageID": "", "ready": False, "restartCount": 0,
+                    "started": False, "state": {"terminated": {
+                        "exitCode": exit_code if c.name == container.name else 0,
+                        "reason": "Completed" if exit_code == 0 else "Error", "startedAt": now, "finishedAt": now}},
+                } for c in pod.spec.containers],
+            }})

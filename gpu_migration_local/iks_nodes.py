@@ -1,0 +1,96 @@
+"""Joins the IKS emulator's workers to the real control plane as Nodes, as IKS does for a real cluster.
+
+On IKS (VPC) a worker that reaches `deployed` registers a Node named after its primary private IP, carrying the
+IBM labels `ibm-cloud.kubernetes.io/worker-id`, `worker-pool-name`, `worker-pool-id`, `machine-type` and `zone`
+(IBM docs "Worker node labels", ibm-cloud-docs/containers `cs_nodes.md`); its kubelet reports the worker's version.
+A deleted worker's Node goes away. GPU flavors (gx*) carry GPUs; below 1.36 IBM also installs the NVIDIA driver and
+device plugin on them (the reason for this migration), so those nodes advertise nvidia.com/gpu on their own.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from kubernetes import client
+
+from iks_gpu_migration.versions import version_at_least
+
+from .gpu_doubles import GPU_PRESENT, GPUS_ANNOTATION, IBM_DRIVER_ANNOTATION
+
+log = logging.getLogger("iks-nodes")
+WORKER_ID_LABEL = "ibm-cloud.kubernetes.io/worker-id"
+
+
+def node_name(worker: dict) -> str:
+    return next(n["ipAddress"] for n in worker["networkInterfaces"] if n.get("primary"))
+
+
+def node_for(worker: dict, gpus: int = 1) -> dict:
+    version = worker["kubeVersion"]["actual"] or worker["kubeVersion"]["desired"]
+    plain = version.split("_")[0]
+    gpu = worker.get("flavor", "").startswith("gx")
+    labels = {
+        "kubernetes.io/hostname": node_name(worker),
+        WORKER_ID_LABEL: worker["id"],
+        "ibm-cloud.kubernetes.io/worker-pool-name": worker.get("poolName", ""),
+        "ibm-cloud.kubernetes.io/worker-pool-id": worker.get("poolID", ""),
+        "ibm-cloud.kubernetes.io/machine-type": worker.get("flavor", ""),
+        "ibm-cloud.kubernetes.io/zone": worker.get("location", ""),
+    }
+    annotations = {"kwok.x-k8s.io/node": "fake"}
+    if gpu:
+        labels[GPU_PRESENT] = "true"
+        annotations[GPUS_ANNOTATION] = str(gpus)
+        if not version_at_least(plain, "1.36"):
+            annotations[IBM_DRIVER_ANNOTATION] = "true"
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node_name(worker), "labels": labels, "annotations": annotations},
+            "status": {"nodeInfo": {"kubeletVersion": f"v{plain}"}}}
+
+
+@dataclass
+class IksNodeSync:
+    """Polls the emulator's workers (in process) and keeps Nodes in step."""
+    iks: Any  # tests.emulators.iks.IksEmulator
+    api_client: client.ApiClient
+    interval: float = 0.2
+    gpus: int = 1
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: Optional[threading.Thread] = None
+    errors: list[str] = field(default_factory=list)
+
+    def start(self) -> "IksNodeSync":
+        self.core = client.CoreV1Api(self.api_client)
+        self._thread = threading.Thread(target=self._loop, name="iks-nodes", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except Exception as e:  # noqa: BLE001 - keep syncing; errors are kept for the test
+                if not self.errors or self.errors[-1] != str(e):
+                    log.warning("iks node sync: %s", e)
+                    self.errors.append(str(e))
+            self._stop.wait(self.interval)
+
+    def sync(self) -> None:
+        with self.iks.lock:
+            workers = [dict(w, networkInterfaces=list(w["networkInterfaces"])) for w in self.iks.workers.values()]
+        nodes = {n.metadata.name: n for n in self.core.list_node(label_selector=WORKER_ID_LABEL).items}
+        for w in workers:
+            name, state = node_name(w), w["lifecycle"]["actualState"]
+            node = nodes.get(name)
+            if state == "deployed" and node is None:
+                self.core.create_node(node_for(w, self.gpus))
+            elif state in ("deleting", "deleted") and node is not None and \
+                    node.metadata.labels.get(WORKER_ID_LABEL) == w["id"]:
+                self.core.delete_node(name)

@@ -1,0 +1,51 @@
+"""A throw-away copy of this project (Pulumi.yaml + a `local` stack file) with a file backend, run by the real CLI."""
+import pathlib
+import shutil
+
+import yaml
+
+from gpu_migration_local.engine import Engine
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CHARTS = REPO / "gpu_migration_local" / "charts"
+
+
+def local_config(cluster, iks, nodes: list[dict], kube_version: str = "1.37", **extra) -> dict:
+    """Stack config for the local control plane and IKS emulator; `extra` keys (camelCase) override."""
+    cfg = {
+        "clusterName": iks.cluster_name,
+        "kubeVersion": kube_version,
+        "kubeconfig": str(cluster.kubeconfig),
+        "ibmCloud": {"endpoint": iks.url, "iamEndpoint": iks.url},
+        "nodes": nodes,
+        "gpuOperator": {"chart": str(CHARTS / "gpu-operator"), "version": "v25.10.1", "namespace": "gpu-operator",
+                        "values": {}},
+        "draDriver": {"chart": str(CHARTS / "nvidia-dra-driver-gpu"), "version": "25.8.1",
+                      "namespace": "nvidia-dra-driver-gpu",
+                      "values": {"nvidiaDriverRoot": "/run/nvidia/driver", "gpuResourcesEnabledOverride": True,
+                                 "resources": {"gpus": {"enabled": True}, "computeDomains": {"enabled": False}}}},
+        "extendedResourceName": "nvidia.com/gpu",
+        "draDriverName": "gpu.nvidia.com",
+        "smokeTest": {"image": "nvcr.io/nvidia/cuda:12.9.1-base-ubi9"},
+        "timeouts": {"masterUpdate": 60, "workerReplace": 60, "workerPool": 60, "operatorReady": 60,
+                     "smokeTest": 60, "drain": 60, "pollInterval": 0.2},
+    }
+    cfg.update(extra)
+    return cfg
+
+
+class Project:
+    def __init__(self, tmp_path: pathlib.Path, api_key: str = "test-api-key") -> None:
+        self.dir = tmp_path / "project"
+        self.dir.mkdir()
+        shutil.copy(REPO / "Pulumi.yaml", self.dir / "Pulumi.yaml")
+        self.engine = Engine(self.dir, tmp_path / "backend", env={"IC_API_KEY": api_key})
+
+    def write_stack(self, config: dict, stack: str = "local") -> pathlib.Path:
+        path = self.dir / f"Pulumi.{stack}.yaml"
+        path.write_text(yaml.safe_dump({"config": {f"gpu-migration:{k}": v for k, v in config.items()}},
+                                       sort_keys=False))
+        return path
+
+    def stack(self, stack: str = "local", program=None):
+        return self.engine.stack(stack, program)

@@ -1,0 +1,65 @@
+"""`pulumi up` of a minimal local stack of this program under the real CLI, engine and Kubernetes provider."""
+import uuid
+
+import pulumi
+from kubernetes import client
+
+from gpu_migration_local.gpu_doubles import GPU_PRESENT
+from iks_gpu_migration import dra
+from tests.emulators.iks import IksEmulator
+
+from .kube import eventually, kwok_node
+from .project import local_config
+
+
+def test_minimal_stack_up_under_the_real_cli(cluster, project):
+    core = client.CoreV1Api(cluster.api_client)
+    iks = IksEmulator(cluster="local-min", master_version="1.37.0_1501").start()
+    try:
+        worker = iks.add_worker(version="1.35.4_1540")
+        node = f"10.9.0.{uuid.uuid4().int % 200 + 10}"
+        core.create_node(kwok_node(node, {GPU_PRESENT: "true"}, {"gpu-migration.local/ibm-managed-driver": "true"},
+                                   kubelet_version="v1.35.4"))
+        project.write_stack(local_config(cluster, iks, [{"name": node, "workerId": worker["id"],
+                                                          "stage": "ibm-managed"}]))
+        stack = project.stack()
+        result = stack.up(on_output=print)
+        assert result.summary.result == "succeeded"
+        # A dynamic provider (MasterVersion) and Kubernetes resources (NodePatch, Helm release) ran for real.
+        labels = core.read_node(node).metadata.labels
+        assert labels["nvidia.com/gpu.deploy.operands"] == "false"
+        assert labels["nvidia.com/gpu.deploy.driver"] == "false"
+        assert client.AppsV1Api(cluster.api_client).read_namespaced_deployment("gpu-operator", "gpu-operator")
+        assert result.outputs[f"node:{node}"].value["stage"] == "ibm-managed"
+        types = {r["type"] for r in stack.export_stack().deployment["resources"]}
+        assert {"kubernetes:core/v1:NodePatch", "kubernetes:helm.sh/v3:Release"} <= types
+        assert any(t.startswith("pulumi-python:dynamic:") or "MasterVersion" in t for t in types), types
+        # A second `up` changes nothing: no perpetual diff.
+        again = stack.preview(on_output=print)
+        assert set(again.change_summary) == {"same"}, again.change_summary
+        stack.destroy(on_output=print)
+    finally:
+        iks.stop()
+
+
+def test_kubernetes_provider_creates_device_class_with_extended_resource_name(cluster, project):
+    """The provider built from the served module handles resource.k8s.io/v1 DeviceClass.spec.extendedResourceName."""
+    name = f"example-{uuid.uuid4().hex[:6]}.com/gpu"
+
+    def program():
+        import pulumi_kubernetes as k8s
+        provider = k8s.Provider("local", kubeconfig=cluster.kubeconfig.read_text())
+        dc = dra.device_class(name, "gpu.nvidia.com", [], opts=pulumi.ResourceOptions(provider=provider))
+        pulumi.export("name", dc.metadata.name)
+
+    project.write_stack({})
+    stack = project.stack("dc", program)
+    out = stack.up(on_output=print).outputs
+    got = client.CustomObjectsApi(cluster.api_client).get_cluster_custom_object(
+        "resource.k8s.io", "v1", "deviceclasses", out["name"].value)
+    assert got["spec"]["extendedResourceName"] == name
+    assert set(stack.preview().change_summary) == {"same"}
+    stack.destroy()
+    eventually(lambda: out["name"].value not in [d["metadata"]["name"] for d in client.CustomObjectsApi(
+        cluster.api_client).list_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses")["items"]],
+        "DeviceClass deleted by destroy")
