@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ruamel.yaml import YAML
+import yaml
 
 from .config import MigrationConfig, NAMESPACE
 from .kube_providers import VERIFICATION_ANNOTATION
@@ -25,7 +25,7 @@ COLUMNS = ("node", "stage", "labels", "cordoned", "verification")
 
 def stack_config(path: Path) -> dict:
     """The `gpu-migration:*` keys of a stack file, without the namespace prefix."""
-    config = (YAML(typ="safe").load(path.read_text()) or {}).get("config") or {}
+    config = (yaml.safe_load(path.read_text()) or {}).get("config") or {}
     return {k.partition(":")[2]: v for k, v in config.items() if k.startswith(f"{NAMESPACE}:")}
 
 
