@@ -7,7 +7,7 @@ import pulumi
 import pytest
 from kubernetes import config as kube_config
 
-from iks_gpu_migration import kube_checks, kube_providers, status
+from iks_gpu_migration import kube_checks, kube_providers
 from iks_gpu_migration.kube_providers import VERIFICATION_ANNOTATION, CheckFailed
 from tests.emulators.kube import KubeEmulator, openapi_resource_v1
 
@@ -397,33 +397,6 @@ def test_rollback_verification_times_out_when_device_plugin_never_serves(kube, k
 def test_rollback_verification_is_a_no_op_when_not_rolling_back(kube, kubeconfig):
     assert rollback(kubeconfig, rolling_back=False)["result"] == "not rolling back"
     assert kube.requests == []
-
-
-# --- status command ------------------------------------------------------------------------------------------------
-
-
-def test_status_table(dra_cluster, kube, kubeconfig, tmp_path, capsys):
-    (tmp_path / "Pulumi.pilot.yaml").write_text(
-        "config:\n"
-        "  gpu-migration:clusterName: pilot\n"
-        "  gpu-migration:nodes:\n"
-        "    - {name: n1, workerId: w1, stage: dra}\n"
-        "    - {name: n2, workerId: w2, stage: device-plugin}\n"
-        "    - {name: n3, workerId: w3, stage: ibm-managed}\n"
-    )
-    n1 = kube.nodes["n1"]
-    n1["metadata"]["labels"]["nvidia.com/gpu.deploy.device-plugin"] = "false"
-    n1["metadata"]["annotations"] = {VERIFICATION_ANNOTATION: json.dumps(
-        {"path": "dra", "result": "passed", "gpu": UUID0, "checkedAt": "2026-12-02T12:00:00Z"})}
-    kube.nodes["n2"]["spec"]["unschedulable"] = True
-    assert status.main(["--stack", "pilot", "--kubeconfig", kubeconfig, "--project-dir", str(tmp_path)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["NODE", "STAGE", "LABELS", "CORDONED", "VERIFICATION"]
-    assert lines[1].split() == ["n1", "dra", "migration.example.com/gpu-dra=pilot,",
-                                "nvidia.com/gpu.deploy.device-plugin=false", "no", "passed", "(dra,",
-                                "2026-12-02T12:00:00Z)", UUID0]
-    assert lines[2].split() == ["n2", "device-plugin", "-", "yes", "-"]
-    assert lines[3].split() == ["n3", "ibm-managed", "node", "not", "found", "-", "-"]
 
 
 # --- the Resources declare and their providers serialize ------------------------------------------------------------
