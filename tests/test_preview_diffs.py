@@ -52,6 +52,10 @@ CASES = {
     "timeouts": (lambda r: r["timeouts"].update(drain=900, operatorReady=1200), {
         "~": names(DP, "drain", "operator-ready") | names(DRA, "operator-ready") | {"dra-preflight"},
         "+": set(), "-": set(), "+-": set()}),
+    "smokeTest.command": (lambda r: r["smokeTest"].update(command=["nvidia-smi", "-L"]), {
+        "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification"}, "~": set(), "+": set(), "-": set()}),
+    "IKS timeouts": (lambda r: r["timeouts"].update(masterUpdate=7200, workerReplace=7200, workerPool=7200), {
+        "+": set(), "~": set(), "-": set(), "+-": set()}),
     "pilotLabel": (lambda r: r.update(pilotLabel="migration.example.com/gpu-dra=on"), {
         "~": {f"{DRA}-labels", "dra-driver"},
         "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification", f"{DP}-drain", f"{DP}-rollback"},
