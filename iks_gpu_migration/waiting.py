@@ -18,11 +18,13 @@ class Interrupted(KeyboardInterrupt):
 
 
 def shutting_down() -> bool:
-    """True once the main thread has finished. Dynamic providers run in gRPC worker threads; on cancellation the
+    """True once the interpreter is shutting down. Dynamic providers run in gRPC worker threads; on cancellation the
     engine sends SIGINT to the provider process (pulumi sdk/go/common/resource/plugin/plugin.go: InterruptChildren,
     SIGKILL 5s later), its main thread leaves (pulumi/dynamic/__main__.py: main) and the interpreter then only waits
-    for the workers. Waits notice this here and stop, so `finally` blocks (e.g. deleting a check pod) still run."""
-    return not threading.main_thread().is_alive()
+    for the workers. Waits notice this here and stop, so cleanup (e.g. deleting a check pod) still runs.
+    CPython's threading._shutdown sets _SHUTTING_DOWN before it joins the worker threads (3.9+; the main thread
+    only counts as stopped after that), hence the private flag, with the public signal as a fallback."""
+    return bool(getattr(threading, "_SHUTTING_DOWN", False)) or not threading.main_thread().is_alive()
 
 
 def interruptible_sleep(seconds: float, slice_: float = 0.2) -> None:

@@ -526,3 +526,33 @@ def test_resources_declare_and_providers_serialize():
 
 
 test_resources_declare_and_providers_serialize = pulumi.runtime.test(test_resources_declare_and_providers_serialize)
+
+
+def test_cancelled_up_deletes_the_rollback_check_pod(kube, kubeconfig):
+    """SIGINT to the provider process while the check pod runs (poll interval 30s): the worker notices the shutdown
+    instead of sleeping on, deletes the pod and the process exits (the engine would SIGKILL it after 5s; the wait
+    below is only a hang guard)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    kube.add_node("n1", allocatable={ER: "1"})["spec"]["unschedulable"] = True  # pods it gets stay Running
+    kube.on_pod_create = lambda pod: pod["status"].update(phase="Running")
+    host = subprocess.Popen([sys.executable, str(Path(__file__).parent / "provider_host.py"), kubeconfig],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 30
+        while not kube.pods and time.monotonic() < deadline:  # the check pod is up
+            time.sleep(0.05)
+        assert kube.pods, host.stderr.read() if host.poll() is not None else "no check pod created"
+        host.send_signal(signal.SIGINT)
+        host.wait(timeout=60)
+    finally:
+        if host.poll() is None:
+            host.kill()
+    assert not kube.pods
+    assert [p for m, p in kube.requests if m == "DELETE"] == [
+        f"/api/v1/namespaces/{NS}/pods/gpu-rollback-check-n1-00001"]
