@@ -8,7 +8,6 @@ reports every problem at once:
     field it names that is valid itself, and yields Problem(location, message) naming the exact key.
 """
 import json
-import math
 import os
 import re
 import urllib.parse
@@ -435,7 +434,7 @@ def _partial(raw: dict[str, Any], failed: list[Problem]) -> tuple[MigrationConfi
             try:  # runs the field's own validators, one field at a time
                 MigrationConfig.__pydantic_validator__.validate_assignment(partial, name, raw[alias])
                 present.add(name)
-            except ValidationError:
+            except Exception:  # noqa: BLE001 - already reported by the full parse; the field is just left out
                 pass
         elif name == "nodes" and isinstance(raw[alias], list):
             object.__setattr__(partial, name, [_valid_or_none(Node, entry) for entry in raw[alias]])
