@@ -1,15 +1,24 @@
 """Typed model of the stack config (Pulumi.<stack>.yaml, namespace `gpu-migration`).
 
-Everything is validated here, before any resource is declared; errors name the key and the bad value.
+Everything is validated here, before any resource is declared; errors name the key and the bad value, and `parse`
+reports every problem at once:
+  - a field's own rules live on the model (types, Field constraints, field validators);
+  - rules across fields are `@cross_check(field, ...)` functions below, not pydantic model validators: pydantic skips
+    model validators once any field fails and they can only name the whole model. A cross check runs on every
+    field it names that is valid itself, and yields Problem(location, message) naming the exact key.
 """
 import json
+import os
 import re
-from typing import Any, Literal, Optional, get_args
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Literal, Optional, Union, get_args, get_origin
 
 import pulumi
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
+from . import names
 from .versions import version_at_least
 
 NAMESPACE = "gpu-migration"
@@ -19,10 +28,22 @@ MIN_MINOR = {"device-plugin": 36, "dra": 37}  # kube minor each stage needs
 
 # Kubernetes name grammars (apimachinery validation).
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-DNS_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
-_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_KUBE_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?(_\d+)?$")
+DNS_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*\Z")
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
+_KUBE_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?(_\d+)?\Z")
+# IKS worker IDs look like kube-<cluster id>-<pool>-<hash>-w1; they go into API paths, so plain ASCII only.
+_WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+# Helm reads a version that is not a full MAJOR.MINOR.PATCH as a constraint ("25.10" matches any 25.10.x):
+# helm pkg/repo/index.go IndexFile.Get -> Masterminds/semver/v3 NewConstraint, where missing parts are wildcards.
+_EXACT_SEMVER = re.compile(r"^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?\Z")
+# Label keys the pilot label must not take: the GPU Operator's per-node switches (gpu-operator
+# controllers/state_manager.go reads nvidia.com/gpu.deploy.*) and the prefixes Kubernetes reserves for itself
+# (https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#syntax-and-character-set).
+_OPERATOR_SWITCH_PREFIX = "nvidia.com/gpu.deploy."
+_RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io")
+MAX_TIMEOUT = 7 * 24 * 3600  # a bounded wait needs a bound a person would choose
+MIN_POLL_INTERVAL = 0.01  # below this a wait hammers the API server (tests poll every 0.02s against emulators)
 
 
 class ConfigError(ValueError):
@@ -45,8 +66,34 @@ def check_qualified_name(value: str, require_prefix: bool = False) -> str:
     return value
 
 
+def check_namespace(value: str) -> str:
+    if len(value) > 63 or not re.match(rf"^{_DNS_LABEL}\Z", value):
+        raise ValueError(f"namespace {value!r} is not a DNS label (lowercase alphanumerics and '-', <= 63 chars)")
+    return value
+
+
+def _is_number_type(annotation: Any) -> bool:
+    """int/float, possibly Optional or Annotated; bool is not a number here."""
+    if annotation in (int, float):
+        return True
+    if get_origin(annotation) is Union:
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return bool(args) and all(_is_number_type(a) for a in args)
+    return False
+
+
 class Model(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+    # allow_inf_nan=False: "inf" or "nan" is never a meaningful timeout, count or interval.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True,
+                              allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, v: Any, info: ValidationInfo) -> Any:
+        # Pydantic's lax mode reads true as 1; for every number field (also ones added later) that hides a typo.
+        if isinstance(v, bool) and _is_number_type(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"a boolean ({str(v).lower()}) where a number belongs")
+        return v
 
 
 class Node(Model):
@@ -59,6 +106,17 @@ class Node(Model):
     def _node_name(cls, v: str) -> str:
         if not is_dns_subdomain(v):
             raise ValueError(f"node name {v!r} is not a valid Kubernetes node name (DNS subdomain)")
+        problems = names.node_name_problems(v)
+        if problems:
+            raise ValueError(f"node name {v!r} {'; '.join(problems)}")
+        return v
+
+    @field_validator("worker_id")
+    @classmethod
+    def _worker_id(cls, v: str) -> str:
+        if not _WORKER_ID.match(v):
+            raise ValueError(f"worker ID {v!r} must be ASCII letters, digits, '-', '_' or '.' (no spaces), "
+                             f"as `ibmcloud ks worker ls` prints it")
         return v
 
 
@@ -72,9 +130,15 @@ class HelmChart(Model):
     @field_validator("version")
     @classmethod
     def _pinned(cls, v: str) -> str:
-        if re.search(r"[\^~*<>=|, ]|\.x\b|^latest$", v):
-            raise ValueError(f"chart version {v!r} must be pinned to one exact version, e.g. v25.10.1")
+        if not _EXACT_SEMVER.match(v):
+            raise ValueError(f"chart version {v!r} must be pinned to one exact version, e.g. v25.10.1 "
+                             f"(Helm reads anything else, even 25.10, as a range)")
         return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        return check_namespace(v)
 
 
 class SmokeTest(Model):
@@ -86,14 +150,25 @@ class SmokeTest(Model):
     @field_validator("namespace")
     @classmethod
     def _namespace(cls, v: str) -> str:
-        if len(v) > 63 or not re.match(rf"^{_DNS_LABEL}$", v):
-            raise ValueError(f"namespace {v!r} is not a DNS label")
-        return v
+        return check_namespace(v)
+
+
+def _is_loopback(host: Optional[str]) -> bool:
+    return host in ("localhost", "127.0.0.1", "::1")
 
 
 class IbmCloud(Model):
     endpoint: str = "https://containers.cloud.ibm.com/global"
     iam_endpoint: str = "https://iam.cloud.ibm.com"
+
+    @field_validator("endpoint", "iam_endpoint")
+    @classmethod
+    def _https(cls, v: str) -> str:
+        # The API key and IAM tokens travel to these; plain http only to a local emulator.
+        url = urllib.parse.urlsplit(v)
+        if not url.hostname or not (url.scheme == "https" or (url.scheme == "http" and _is_loopback(url.hostname))):
+            raise ValueError(f"{v!r} is not an https:// URL")
+        return v
 
 
 class TempGpuPool(Model):
@@ -105,14 +180,6 @@ class TempGpuPool(Model):
     subnet_id: str = ""
     size_per_zone: int = Field(default=1, ge=1)
 
-    @model_validator(mode="after")
-    def _flavor_zone(self) -> "TempGpuPool":
-        # A VPC worker pool needs all four; IKS would refuse it mid-`up` otherwise.
-        missing = [to_camel(k) for k in ("flavor", "zone", "vpc_id", "subnet_id") if self.enabled and not getattr(self, k)]
-        if missing:
-            raise ValueError(f"tempGpuPool.enabled is true but {', '.join(missing)} is empty")
-        return self
-
 
 class Timeouts(Model):
     """Seconds; every long wait is bounded by one of these."""
@@ -123,6 +190,28 @@ class Timeouts(Model):
     smoke_test: float = Field(default=600, gt=0)
     drain: float = Field(default=1800, gt=0)
     poll_interval: float = Field(default=15, gt=0)
+
+    @field_validator("*")
+    @classmethod
+    def _sensible(cls, v: float, info: ValidationInfo) -> float:
+        if v > MAX_TIMEOUT:
+            raise ValueError(f"{v:g}s is more than {MAX_TIMEOUT // 86400} days")
+        if info.field_name == "poll_interval" and v < MIN_POLL_INTERVAL:
+            raise ValueError(f"{v:g}s is too small: at least {MIN_POLL_INTERVAL}s between polls")
+        return v
+
+
+class Hooks(Model):
+    """Shell commands run on the machine running `pulumi up`, per migrated node (see hooks.py)."""
+    before_replace: Optional[str] = None  # before the node's drain (rollback) or worker replacement
+    after_verification: Optional[str] = None  # after the node's readiness and, on dra, its smoke test passed
+
+    @field_validator("before_replace", "after_verification")
+    @classmethod
+    def _not_blank(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not v.strip():
+            raise ValueError("is empty; leave the key out to run no hook")
+        return v
 
 
 class MigrationConfig(Model):
@@ -143,6 +232,7 @@ class MigrationConfig(Model):
     temp_gpu_pool: TempGpuPool = TempGpuPool()
     timeouts: Timeouts = Timeouts()
     kubeconfig: Optional[str] = None  # path; default is KUBECONFIG / ~/.kube/config
+    hooks: Hooks = Hooks()
 
     @field_validator("kube_version")
     @classmethod
@@ -178,30 +268,28 @@ class MigrationConfig(Model):
         check_qualified_name(key)
         if len(value) > 63 or not _LABEL_VALUE.match(value):
             raise ValueError(f"pilot label {v!r}: value {value!r} is not a valid label value")
+        if key.startswith(_OPERATOR_SWITCH_PREFIX):
+            raise ValueError(f"pilot label {v!r} collides with the GPU Operator's {_OPERATOR_SWITCH_PREFIX}* switches")
+        prefix = key.rpartition("/")[0]
+        if any(prefix == d or prefix.endswith(f".{d}") for d in _RESERVED_LABEL_DOMAINS):
+            raise ValueError(f"pilot label {v!r} uses the reserved prefix {prefix!r}; use your own domain, "
+                             f"e.g. migration.example.com/gpu-dra=pilot")
         return v
 
-    @model_validator(mode="after")
-    def _unique_nodes(self) -> "MigrationConfig":
-        for field in ("name", "worker_id"):
-            seen: set[str] = set()
-            for node in self.nodes:
-                value = getattr(node, field)
-                if value in seen:
-                    raise ValueError(f"duplicate node {to_camel(field)} {value!r} in nodes")
-                seen.add(value)
-        return self
+    @field_validator("device_selectors")
+    @classmethod
+    def _cel(cls, v: list[str]) -> list[str]:
+        bad = [f"[{i}] {problem}" for i, expr in enumerate(v) if (problem := cel_problem(expr))]
+        if bad:
+            raise ValueError("CEL selector does not parse: " + "; ".join(bad))
+        return v
 
-    @model_validator(mode="after")
-    def _version_supports_stages(self) -> "MigrationConfig":
-        """The GPU Operator path needs workers at >= 1.36, DRA extended resources >= 1.37."""
-        for node in self.nodes:
-            needed = MIN_MINOR.get(node.stage, 0)
-            if not version_at_least(self.kube_version, f"1.{needed}"):
-                raise ValueError(
-                    f"node {node.name!r} is at stage {node.stage!r}, which needs kubeVersion >= 1.{needed} "
-                    f"(got {self.kube_version!r})"
-                )
-        return self
+    @field_validator("kubeconfig")
+    @classmethod
+    def _kubeconfig_exists(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not os.path.isfile(os.path.expanduser(v)):
+            raise ValueError(f"kubeconfig file {v!r} does not exist")
+        return v
 
     # Derived views used by the components.
     @property
@@ -217,14 +305,101 @@ class MigrationConfig(Model):
         return [n for n in self.nodes if n.stage in stages]
 
 
+def cel_problem(expression: str) -> Optional[str]:
+    """None if `expression` parses as CEL (syntax only: the API server type-checks it), else where it fails."""
+    import celpy  # cel-python; imported here so modules that only read config don't pay for the parser
+
+    try:
+        celpy.Environment().compile(expression)
+    except celpy.CELParseError as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else "syntax error"
+        return f"{expression!r}: {first_line}"
+    return None
+
+
 FIELDS = {f.alias or name for name, f in MigrationConfig.model_fields.items()}
 
 
-def _format(error: ValidationError) -> str:
-    lines = []
+# --- Checks across fields ---------------------------------------------------------------------------------------
+
+Loc = tuple[Union[str, int], ...]
+
+
+@dataclass(frozen=True)
+class Problem:
+    loc: Loc  # camelCase keys and list indexes under gpu-migration:, e.g. ("nodes", 1, "stage")
+    message: str
+
+
+CrossCheck = Callable[[MigrationConfig], Iterable[Problem]]
+CROSS_CHECKS: list[tuple[tuple[str, ...], CrossCheck]] = []
+
+
+def cross_check(*fields: str) -> Callable[[CrossCheck], CrossCheck]:
+    """Register a check over `fields` (snake_case); it runs whenever those fields are valid on their own."""
+    def register(check: CrossCheck) -> CrossCheck:
+        CROSS_CHECKS.append((fields, check))
+        return check
+    return register
+
+
+def valid_nodes(cfg: MigrationConfig) -> Iterable[tuple[int, Node]]:
+    """(index, node) of every node entry that is valid on its own (a partial config keeps the others as None)."""
+    return ((i, n) for i, n in enumerate(cfg.nodes) if n is not None)
+
+
+@cross_check("nodes")
+def _unique_nodes(cfg: MigrationConfig) -> Iterable[Problem]:
+    for field in ("name", "worker_id"):
+        first: dict[str, int] = {}
+        for i, node in valid_nodes(cfg):
+            value = getattr(node, field)
+            if value in first:
+                yield Problem(("nodes", i, to_camel(field)),
+                              f"duplicate node {to_camel(field)} {value!r} in nodes (also nodes[{first[value]}])")
+            first.setdefault(value, i)
+
+
+@cross_check("nodes", "kube_version")
+def _version_supports_stages(cfg: MigrationConfig) -> Iterable[Problem]:
+    """The GPU Operator path needs workers at >= 1.36, DRA extended resources >= 1.37."""
+    for i, node in valid_nodes(cfg):
+        needed = MIN_MINOR.get(node.stage, 0)
+        if not version_at_least(cfg.kube_version, f"1.{needed}"):
+            yield Problem(("nodes", i, "stage"), f"node {node.name!r} is at stage {node.stage!r}, which needs "
+                                                 f"kubeVersion >= 1.{needed} (got {cfg.kube_version!r})")
+
+
+@cross_check("temp_gpu_pool")
+def _temp_pool_complete(cfg: MigrationConfig) -> Iterable[Problem]:
+    # A VPC worker pool needs all four; IKS would refuse it mid-`up` otherwise.
+    pool = cfg.temp_gpu_pool
+    if pool.enabled:
+        for key in ("flavor", "zone", "vpc_id", "subnet_id"):
+            if not getattr(pool, key):
+                yield Problem(("tempGpuPool", to_camel(key)), "is required when tempGpuPool.enabled is true")
+
+
+@cross_check("timeouts")
+def _poll_below_timeouts(cfg: MigrationConfig) -> Iterable[Problem]:
+    t = cfg.timeouts
+    shortest = min((getattr(t, f), f) for f in Timeouts.model_fields if f != "poll_interval")
+    if t.poll_interval >= shortest[0]:
+        yield Problem(("timeouts", "pollInterval"), f"{t.poll_interval:g}s is not below timeouts."
+                                                    f"{to_camel(shortest[1])} ({shortest[0]:g}s): nothing would be "
+                                                    f"polled twice")
+
+
+# --- Parsing and reporting --------------------------------------------------------------------------------------
+
+
+def _loc_text(loc: Loc) -> str:
+    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
+
+
+def _problems(error: ValidationError) -> list[Problem]:
+    out = []
     for e in error.errors():
-        loc = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in e["loc"]).replace(".[", "[")
-        key = f"{NAMESPACE}:{loc}" if loc else NAMESPACE
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] in ("literal_error",):
             msg = f"{e['input']!r} is not one of {', '.join(STAGES)}"
@@ -234,16 +409,61 @@ def _format(error: ValidationError) -> str:
             msg = "is required"
         elif "input" in e and not isinstance(e["input"], (dict, list)) and repr(e["input"]) not in msg:
             msg = f"{msg} (got {e['input']!r})"
-        lines.append(f"  {key}: {msg}")
-    return "invalid stack config:\n" + "\n".join(lines)
+        out.append(Problem(tuple(e["loc"]), msg))
+    return out
+
+
+def _format(problems: list[Problem]) -> str:
+    lines = [f"  {NAMESPACE}:{_loc_text(p.loc)}: {p.message}" if p.loc else f"  {NAMESPACE}: {p.message}"
+             for p in problems]
+    return "invalid stack config:\n" + "\n".join(dict.fromkeys(lines))
+
+
+def _partial(raw: dict[str, Any], failed: list[Problem]) -> tuple[MigrationConfig, set[str]]:
+    """A model holding only the fields of `raw` that are valid on their own (typed as in a full parse), and their
+    names. Invalid node entries become None so that indexes stay those of the config."""
+    bad = {p.loc[0] for p in failed if p.loc}
+    partial = MigrationConfig.model_construct()  # defaults for every optional field
+    present: set[str] = set()
+    for name, field in MigrationConfig.model_fields.items():
+        alias = field.alias or name
+        if alias not in raw:
+            if not field.is_required():
+                present.add(name)
+        elif alias not in bad:
+            try:  # runs the field's own validators, one field at a time
+                MigrationConfig.__pydantic_validator__.validate_assignment(partial, name, raw[alias])
+                present.add(name)
+            except Exception:  # noqa: BLE001 - already reported by the full parse; the field is just left out
+                pass
+        elif name == "nodes" and isinstance(raw[alias], list):
+            object.__setattr__(partial, name, [_valid_or_none(Node, entry) for entry in raw[alias]])
+            present.add(name)
+    return partial, present
+
+
+def _valid_or_none(model: type[Model], value: Any) -> Optional[Model]:
+    try:
+        return model.model_validate(value)
+    except ValidationError:
+        return None
 
 
 def parse(raw: dict[str, Any]) -> MigrationConfig:
     """Validate a dict of camelCase config values; raise ConfigError listing every problem."""
+    problems: list[Problem] = []
     try:
-        return MigrationConfig.model_validate(raw)
+        cfg = MigrationConfig.model_validate(raw)
+        present = set(MigrationConfig.model_fields)
     except ValidationError as e:
-        raise ConfigError(_format(e)) from None
+        problems = _problems(e)
+        cfg, present = _partial(raw, problems)
+    for fields, check in CROSS_CHECKS:
+        if set(fields) <= present:
+            problems.extend(check(cfg))
+    if problems:
+        raise ConfigError(_format(problems))
+    return cfg
 
 
 def raw_from_pulumi() -> dict[str, Any]:

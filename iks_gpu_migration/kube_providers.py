@@ -6,6 +6,7 @@ dill-serialized into the state (by reference to this module), so they hold no cl
 `up` retries it.
 """
 import json
+import math
 import time
 from datetime import datetime, timezone
 from typing import Any, Optional, Sequence
@@ -15,13 +16,15 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider, UpdateResult
 
-from . import kube_checks
+from . import kube_checks, names
 from .versions import version_at_least
-from .waiting import WaitTimeout, optional_float, wait_for
+from .waiting import Interrupted, WaitTimeout, optional_float, wait_for  # noqa: F401 (Interrupted re-exported)
 
 VERIFICATION_ANNOTATION = "migration.example.com/gpu-verification"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 ROLLBACK_COMMAND = ["sh", "-c", "nvidia-smi -L"]
+ROLLBACK_APP = "gpu-rollback-check"
+ROLLBACK_NODE_LABEL = "migration.example.com/rollback-node"  # finds a check pod left by an interrupted run
 
 
 class CheckFailed(Exception):
@@ -36,11 +39,27 @@ def _bullets(problems: Sequence[str]) -> str:
     return "".join(f"\n  - {p}" for p in problems)
 
 
-def _record(api, node: str, record: dict[str, Any]) -> None:
-    """Store the last verification on the node, for `python -m iks_gpu_migration.status`."""
+def _record(api, node: str, record: dict[str, Any]) -> str:
+    """Store the last verification on the node, for `python -m iks_gpu_migration.status`.
+
+    Never raises: failing to record must not replace the verification's own result. Returns "" or a sentence to
+    append to that result's message."""
     record = {**record, "checkedAt": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     body = {"metadata": {"annotations": {VERIFICATION_ANNOTATION: json.dumps(record, sort_keys=True)}}}
-    client.CoreV1Api(api).patch_node(node, body)
+    try:
+        client.CoreV1Api(api).patch_node(node, body)
+    except Exception as e:  # noqa: BLE001 - any failure here is secondary to the verification
+        note = (f"(the result could not be recorded on node {node} as {VERIFICATION_ANNOTATION}: {_short(e)}; "
+                f"`python -m iks_gpu_migration.status` shows an older verification)")
+        pulumi.log.warn(note)
+        return note
+    return ""
+
+
+def _short(error: BaseException) -> str:
+    if isinstance(error, ApiException):
+        return f"HTTP {error.status} {error.reason}"
+    return " ".join(str(error).split())[:200] or type(error).__name__
 
 
 def _set_unschedulable(api, node: str, unschedulable: bool) -> None:
@@ -162,10 +181,11 @@ class _SmokeTestVerificationProvider(_Provider):
         except WaitTimeout as e:
             result = kube_checks.SmokeResult(problems=[f"criterion 4 (GPU operation): {e}"])
         passed = not result.problems
-        _record(api, node, {"path": "dra", "result": "passed" if passed else "failed", "pod": pod,
-                            "gpu": result.gpu_uuid, "device": result.device, "problems": result.problems})
+        note = _record(api, node, {"path": "dra", "result": "passed" if passed else "failed", "pod": pod,
+                                   "gpu": result.gpu_uuid, "device": result.device, "problems": result.problems})
         if not passed:
-            raise CheckFailed(f"smoke test {pod} on node {node} failed:{_bullets(result.problems)}")
+            raise CheckFailed(f"smoke test {pod} on node {node} failed:{_bullets(result.problems)}"
+                              + (f"\n{note}" if note else ""))
         summary = f"passed: {pod} used {result.device} ({result.gpu_uuid}) via {result.claim}"
         pulumi.log.info(f"node {node}: smoke test {summary}")
         return {"gpu_uuid": result.gpu_uuid, "device": result.device, "claim": result.claim, "result": summary}
@@ -299,13 +319,15 @@ class _NodeDrainProvider(_Provider):
             pods = kube_checks.gpu_pods(api, node, p["extended_resource"])
             return not pods, pods, f"GPU pods still running: {', '.join(pods)}"
 
+        left = (f"node {node} is left cordoned with its labels unchanged; run `pulumi up` again to continue the "
+                f"rollback (or `kubectl uncordon {node}` to stay on dra and set its stage back to dra)")
         try:
             wait_for(f"GPU pods on node {node} to finish", poll, **_timing(p, 1800))
         except WaitTimeout as e:
-            raise CheckFailed(
-                f"{e}\nnode {node} is left cordoned with its labels unchanged; let those pods finish (or move them) "
-                f"and run `pulumi up` again to continue the rollback"
-            ) from None
+            raise CheckFailed(f"{e}\n{left}; let those pods finish (or move them) first") from None
+        except Exception as e:  # an API error mid-wait: the node is cordoned all the same
+            raise CheckFailed(f"reading the GPU pods on node {node} failed while waiting for them to finish: "
+                              f"{_short(e)}\n{left}") from e
         return {"rolling_back": True}
 
 
@@ -330,15 +352,23 @@ class NodeDrain(Resource, module="gpu-migration", name="NodeDrain"):
         super().__init__(_NodeDrainProvider(), name, props, opts)
 
 
-def rollback_pod(node: str, extended_resource: str, image: str, command: list[str]) -> dict[str, Any]:
+def rollback_selector(node: str) -> str:
+    return f"app.kubernetes.io/name={ROLLBACK_APP},{ROLLBACK_NODE_LABEL}={node}"
+
+
+def rollback_pod(node: str, extended_resource: str, image: str, command: list[str],
+                 deadline: Optional[float] = None) -> dict[str, Any]:
     one = {extended_resource: "1"}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"generateName": f"gpu-rollback-check-{node}-"[:58],
-                     "labels": {"app.kubernetes.io/name": "gpu-rollback-check"}},
+        "metadata": {"generateName": names.rollback_pod_generate_name(node),
+                     "labels": {"app.kubernetes.io/name": ROLLBACK_APP, ROLLBACK_NODE_LABEL: node}},
         "spec": {
             "restartPolicy": "Never",
+            # If the process is killed before it can delete the pod, the pod still stops and frees its GPU
+            # (the next run deletes it).
+            **({"activeDeadlineSeconds": max(1, math.ceil(deadline))} if deadline else {}),
             "nodeSelector": {"kubernetes.io/hostname": node},
             # The node is cordoned until this pod passes.
             "tolerations": [{"key": UNSCHEDULABLE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
@@ -375,13 +405,17 @@ class _RollbackVerificationProvider(_Provider):
         try:
             gpu_uuid = self._verify(api, p)
         except (CheckFailed, WaitTimeout) as e:
-            _record(api, node, {"path": "device-plugin", "result": "failed", "problems": [str(e)]})
+            note = _record(api, node, {"path": "device-plugin", "result": "failed", "problems": [str(e)]})
             raise CheckFailed(
                 f"rollback of node {node} to the device plugin failed: {e}\n"
                 f"node {node} is left cordoned; fix the cause and run `pulumi up` again "
-                f"(or `kubectl uncordon {node}` to accept it as is)"
+                f"(or `kubectl uncordon {node}` to accept it as is)" + (f"\n{note}" if note else "")
             ) from None
-        _set_unschedulable(api, node, False)
+        try:
+            _set_unschedulable(api, node, False)
+        except Exception as e:
+            raise CheckFailed(f"rollback of node {node} to the device plugin passed (GPU {gpu_uuid}), but uncordoning "
+                              f"it failed: {_short(e)}\nrun `kubectl uncordon {node}` or `pulumi up` again") from e
         _record(api, node, {"path": "device-plugin", "result": "passed", "gpu": gpu_uuid})
         return {"gpu_uuid": gpu_uuid, "result": f"passed: device-plugin GPU {gpu_uuid}; node {node} uncordoned"}
 
@@ -398,16 +432,36 @@ class _RollbackVerificationProvider(_Provider):
         except ApiException as e:
             if e.status not in (403, 409):  # exists, or we may not create namespaces (then the pod create says so)
                 raise
-        body = rollback_pod(node, resource, p["image"], p.get("command") or ROLLBACK_COMMAND)
+        _delete_rollback_pods(core, ns, node)  # left by an earlier run that was killed
+        timing = _timing(p, 600)
+        body = rollback_pod(node, resource, p["image"], p.get("command") or ROLLBACK_COMMAND, timing["timeout"])
         name = core.create_namespaced_pod(ns, body).metadata.name
         try:
             pod = _wait_for_pod_end(api, ns, name, None, p, 600)
             problems, gpu_uuid = rollback_problems(api, pod, node)
-        finally:
-            core.delete_namespaced_pod(name, ns)
+        except BaseException:  # failure, KeyboardInterrupt or shutdown: delete the pod, keep the original error
+            _delete_pod_quietly(core, ns, name)
+            raise
+        _delete_pod_quietly(core, ns, name)
         if problems:
             raise CheckFailed(_bullets(problems))
         return gpu_uuid
+
+
+def _delete_pod_quietly(core, namespace: str, name: str) -> None:
+    """Delete a check pod without letting a failure hide the error being raised (it is logged instead)."""
+    try:
+        core.delete_namespaced_pod(name, namespace)
+    except Exception as e:  # noqa: BLE001
+        if not (isinstance(e, ApiException) and e.status == 404):
+            pulumi.log.warn(f"could not delete check pod {namespace}/{name}: {_short(e)}; delete it by hand "
+                            f"(`kubectl delete pod -n {namespace} {name}`) or let the next `pulumi up` do it")
+
+
+def _delete_rollback_pods(core, namespace: str, node: str) -> None:
+    for pod in core.list_namespaced_pod(namespace, label_selector=rollback_selector(node)).items:
+        pulumi.log.info(f"deleting check pod {namespace}/{pod.metadata.name} left by an interrupted run")
+        _delete_pod_quietly(core, namespace, pod.metadata.name)
 
 
 class RollbackVerification(Resource, module="gpu-migration", name="RollbackVerification"):

@@ -6,6 +6,8 @@ Order of operations (enforced with depends_on):
   `ibm-managed` labels + fences of nodes awaiting replacement -> GPU Operator (never next to IBM's drivers).
   `dra` labels + DRA driver + DeviceClass -> preflight -> smoke Pods -> smoke verification.
   Rollback (`dra` -> `device-plugin`): drain -> labels -> verification on the device-plugin path.
+  Optional hooks (config `hooks`): beforeReplace before a node's replacement and drain, afterVerification after its
+  readiness (and smoke verification on `dra`).
 """
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -13,7 +15,7 @@ from typing import Any, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from . import charts, dra, iks_providers, kube_providers, node_labels, smoke_test
+from . import charts, dra, hooks, iks_providers, kube_providers, node_labels, smoke_test
 from .config import MIN_MINOR, MigrationConfig, Node
 
 OPERATOR_MIN_VERSION = f"1.{MIN_MINOR['device-plugin']}"  # workers below it still run IBM-managed drivers
@@ -40,6 +42,7 @@ class GpuNode(pulumi.ComponentResource):
         self.hostname: pulumi.Input[str] = node.name
         self.fence = self.replacement = self.drain = self.rollback = self.readiness = None
         self.smoke_pod = self.verification = None
+        self.before_hook = self.after_hook = None
         if node.stage == "ibm-managed":
             self.labels = self._labels([])
         else:
@@ -70,6 +73,10 @@ class GpuNode(pulumi.ComponentResource):
     ) -> None:
         """Replace the worker (after `after`), label it for its stage, roll back from dra if needed, check readiness."""
         node, cfg, ctx, t = self.node, self.cfg, self.ctx, self.cfg.timeouts
+        self.before_hook = hooks.node_hook(
+            "before-replace", cfg.hooks.before_replace, node, node.name, node.worker_id,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, self.fence]),
+        )
         # A worker replaced at the target version (idempotent once done); its node name can change.
         self.replacement = iks_providers.WorkerReplacement(
             f"{node.name}-replacement",
@@ -83,7 +90,8 @@ class GpuNode(pulumi.ComponentResource):
             other_worker_ids=other_worker_ids,  # lets a resumed replacement tell its new worker from siblings
             # The only GPU node is replaced only with a temporary GPU pool to take its workloads.
             single_gpu_node=len(cfg.nodes) == 1 and not cfg.temp_gpu_pool.enabled,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, self.fence]),
+            opts=pulumi.ResourceOptions(parent=self,
+                                        depends_on=[*after, *filter(None, [self.fence, self.before_hook])]),
         )
         self.hostname = self.replacement.node_name
         self.hostname.apply(lambda actual: _warn_renamed(node, actual))
@@ -156,6 +164,15 @@ class GpuNode(pulumi.ComponentResource):
             timeout=t.smoke_test,
             poll_interval=t.poll_interval,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.smoke_pod]),
+        )
+
+
+    def declare_after_hook(self) -> None:
+        """After everything that verifies this node: readiness, rollback check, smoke verification."""
+        checks = [r for r in (self.readiness, self.rollback, self.verification) if r is not None]
+        self.after_hook = hooks.node_hook(
+            "after-verification", self.cfg.hooks.after_verification, self.node, self.hostname,
+            self.replacement.new_worker_id, opts=pulumi.ResourceOptions(parent=self, depends_on=checks),
         )
 
 
@@ -262,6 +279,8 @@ def declare(cfg: MigrationConfig) -> Declared:
         namespace = smoke_test.smoke_namespace(cfg.smoke_test, opts=k8s_opts)
         for gpu_node in dra_nodes:
             gpu_node.declare_smoke_test(cfg, ctx, [out.preflight, namespace])
+    for gpu_node in migrated:
+        gpu_node.declare_after_hook()
     return out
 
 

@@ -5,10 +5,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from .config import SmokeTest
-
-
-def smoke_pod_name(node_name: str) -> str:
-    return f"gpu-smoke-{node_name}"
+from .names import smoke_pod_name
 
 
 def smoke_namespace(smoke: SmokeTest, opts: Optional[pulumi.ResourceOptions] = None) -> k8s.core.v1.Namespace:

@@ -1,4 +1,5 @@
 """Bounded polling shared by the dynamic providers: progress is logged, and a timeout names what was awaited."""
+import threading
 import time
 from typing import Callable, Optional, TypeVar
 
@@ -10,6 +11,31 @@ T = TypeVar("T")
 
 class WaitTimeout(TimeoutError):
     """Raised when `what` did not happen within the timeout; carries the last observed state."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The process is shutting down (e.g. `pulumi up` was cancelled) while a wait ran."""
+
+
+def shutting_down() -> bool:
+    """True once the interpreter is shutting down. Dynamic providers run in gRPC worker threads; on cancellation the
+    engine sends SIGINT to the provider process (pulumi sdk/go/common/resource/plugin/plugin.go: InterruptChildren,
+    SIGKILL 5s later), its main thread leaves (pulumi/dynamic/__main__.py: main) and the interpreter then only waits
+    for the workers. Waits notice this here and stop, so cleanup (e.g. deleting a check pod) still runs.
+    CPython's threading._shutdown sets _SHUTTING_DOWN before it joins the worker threads (3.9+; the main thread
+    only counts as stopped after that), hence the private flag, with the public signal as a fallback."""
+    return bool(getattr(threading, "_SHUTTING_DOWN", False)) or not threading.main_thread().is_alive()
+
+
+def interruptible_sleep(seconds: float, slice_: float = 0.2) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        if shutting_down():
+            raise Interrupted("interrupted: the provider process is shutting down")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(slice_, left))
 
 
 def wait_for(
@@ -42,6 +68,7 @@ def wait_for(
         retry=tenacity.retry_if_result(lambda result: not result[0]),
         wait=tenacity.wait_fixed(interval),
         stop=tenacity.stop_after_delay(timeout),
+        sleep=interruptible_sleep,
         reraise=True,
     )
     try:

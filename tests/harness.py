@@ -3,7 +3,7 @@ import json
 import pathlib
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import pulumi
@@ -50,6 +50,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
     def __init__(self) -> None:
         self.registered: list[Registered] = []
         self.dependencies: dict[str, set[str]] = {}  # resource name -> names it depends on
+        self.property_dependencies: dict[str, dict[str, set[str]]] = {}  # name -> input -> names it comes from
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         self.registered.append(Registered(args.typ, args.name, dict(args.inputs)))
@@ -67,6 +68,8 @@ class RecordingMonitor(MockMonitor):
         for deps in request.propertyDependencies.values():
             urns.update(deps.urns)
         self.mocks.dependencies[request.name] = {urn.rsplit("::", 1)[-1] for urn in urns}
+        self.mocks.property_dependencies[request.name] = {
+            prop: {urn.rsplit("::", 1)[-1] for urn in deps.urns} for prop, deps in request.propertyDependencies.items()}
         return super().RegisterResource(request)
 
 
@@ -75,6 +78,7 @@ class Run:
     registered: list[Registered]
     declared: Any  # migration.Declared
     dependencies: dict[str, set[str]]
+    property_dependencies: dict[str, dict[str, set[str]]] = field(default_factory=dict)
 
     def depends(self, name: str, on: str) -> bool:
         """True if `name` waits for `on`, directly or through other resources."""
@@ -144,7 +148,7 @@ def run_program(raw: dict[str, Any], secrets: Optional[dict[str, str]] = None, p
         [f"{config.NAMESPACE}:{k}" for k in (secrets or {})],
         preview,
     )
-    return Run(mocks.registered, declared, mocks.dependencies)
+    return Run(mocks.registered, declared, mocks.dependencies, mocks.property_dependencies)
 
 
 def kubernetes_validate(manifests: list[dict[str, Any]], tmp_path: pathlib.Path) -> subprocess.CompletedProcess:

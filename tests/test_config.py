@@ -42,10 +42,11 @@ def test_unknown_stage_is_named(raw):
 
 def test_duplicate_node_name_and_worker(raw):
     raw["nodes"][2]["name"] = raw["nodes"][0]["name"]
-    assert f"duplicate node name {raw['nodes'][0]['name']!r}" in error_for(raw)
+    assert f"gpu-migration:nodes[2].name: duplicate node name {raw['nodes'][0]['name']!r} in nodes (also nodes[0])" \
+        in error_for(raw)
     raw = stack_config("pilot")
     raw["nodes"][2]["workerId"] = raw["nodes"][0]["workerId"]
-    assert f"duplicate node workerId {raw['nodes'][0]['workerId']!r}" in error_for(raw)
+    assert f"gpu-migration:nodes[2].workerId: duplicate node workerId {raw['nodes'][0]['workerId']!r}" in error_for(raw)
 
 
 @pytest.mark.parametrize("bad, expected", [
@@ -76,9 +77,10 @@ def test_invalid_scalars_are_named(raw, key, bad, expected):
     assert f"gpu-migration:{key}" in message and expected in message
 
 
-def test_invalid_node_name_is_named(raw):
-    raw["nodes"][0]["name"] = "Node_1"
-    assert "gpu-migration:nodes[0].name: node name 'Node_1' is not a valid" in error_for(raw)
+@pytest.mark.parametrize("name", ["Node_1", "node-1\n"])
+def test_invalid_node_name_is_named(raw, name):
+    raw["nodes"][0]["name"] = name
+    assert f"gpu-migration:nodes[0].name: node name {name!r} is not a valid" in error_for(raw)
 
 
 def test_unknown_and_missing_keys(raw):
@@ -91,12 +93,16 @@ def test_unknown_and_missing_keys(raw):
 
 def test_stage_needs_kube_version(raw):
     raw["kubeVersion"] = "1.36"
-    assert "stage 'dra', which needs kubeVersion >= 1.37 (got '1.36')" in error_for(raw)
+    assert ("gpu-migration:nodes[0].stage: node '10.240.0.11' is at stage 'dra', which needs kubeVersion >= 1.37 "
+            "(got '1.36')") in error_for(raw)
 
 
 def test_temp_pool_needs_flavor_and_zone(raw):
     raw["tempGpuPool"] = {"enabled": True, "flavor": "gx3.16x80.l4"}
-    assert "tempGpuPool.enabled is true but zone, vpcId, subnetId is empty" in error_for(raw)
+    message = error_for(raw)
+    for key in ("zone", "vpcId", "subnetId"):
+        assert f"gpu-migration:tempGpuPool.{key}: is required when tempGpuPool.enabled is true" in message
+    assert "tempGpuPool.flavor" not in message
 
 
 def test_bad_config_declares_nothing(raw):
@@ -105,8 +111,155 @@ def test_bad_config_declares_nothing(raw):
         run_program(raw)
 
 
-@pytest.mark.parametrize("version", ["^25.10", "~25", ">=25.10.1", "25.x", "*", "latest"])
+@pytest.mark.parametrize("version", ["^25.10", "~25", ">=25.10.1", "25.x", "*", "latest", "25.10", "25", "v25.10"])
 def test_chart_version_must_be_pinned(raw, version):
     raw["gpuOperator"]["version"] = version
     message = error_for(raw)
     assert f"gpu-migration:gpuOperator.version: chart version {version!r} must be pinned" in message
+
+
+# --- every problem at once, each under its own key -------------------------------------------------------------
+
+
+def test_every_problem_is_reported_at_once(raw):
+    """Field errors no longer hide the checks across fields, nor does one problem hide the next."""
+    raw["clusterName"] = ""  # a field error
+    raw["kubeVersion"] = "1.36"  # then: the dra node needs 1.37 ...
+    raw["nodes"][2]["workerId"] = raw["nodes"][1]["workerId"]  # ... a duplicate worker ID ...
+    raw["nodes"][1]["stage"] = "bogus"  # ... next to an invalid entry
+    raw["tempGpuPool"] = {"enabled": True, "flavor": "f", "zone": "z", "vpcId": "v"}  # ... and an incomplete pool
+    lines = error_for(raw).splitlines()[1:]
+    assert [line.split(": ")[0].strip() for line in lines] == [
+        "gpu-migration:clusterName",
+        "gpu-migration:nodes[1].stage",
+        "gpu-migration:nodes[0].stage",
+        "gpu-migration:tempGpuPool.subnetId",
+    ]
+    raw["nodes"][1]["stage"] = "device-plugin"
+    keys = [line.split(": ")[0].strip() for line in error_for(raw).splitlines()[1:]]
+    assert "gpu-migration:nodes[2].workerId" in keys  # checked once nodes[1] is valid
+
+
+def test_no_line_names_only_the_namespace(raw):
+    raw["kubeVersion"] = "1.35"
+    raw["tempGpuPool"] = {"enabled": True}
+    for line in error_for(raw).splitlines()[1:]:
+        assert not line.strip().startswith("gpu-migration: "), line
+
+
+# --- values accepted before although wrong --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("inf", "finite number (got 'inf')"),
+    ("nan", "finite number"),
+    (True, "a boolean (true) where a number belongs"),
+    (10 ** 7, "is more than 7 days"),
+    (0, "greater than 0"),
+])
+def test_bad_timeouts_are_named(raw, value, expected):
+    raw["timeouts"] = {"drain": value}
+    message = error_for(raw)
+    assert "gpu-migration:timeouts.drain: " in message and expected in message
+
+
+@pytest.mark.parametrize("value, expected", [
+    (0.0001, "0.0001s is too small"),
+    (False, "a boolean (false) where a number belongs"),
+    (900, "is not below timeouts.drain (600s)"),
+])
+def test_bad_poll_interval_is_named(raw, value, expected):
+    raw["timeouts"] = {"pollInterval": value, "drain": 600}
+    message = error_for(raw)
+    assert "gpu-migration:timeouts.pollInterval: " in message and expected in message
+
+
+def test_boolean_pool_size_is_rejected(raw):
+    raw["tempGpuPool"] = {"sizePerZone": True}
+    assert "gpu-migration:tempGpuPool.sizePerZone: a boolean (true) where a number belongs" in error_for(raw)
+
+
+@pytest.mark.parametrize("key", ["gpuOperator", "draDriver"])
+def test_invalid_chart_namespace(raw, key):
+    raw[key]["namespace"] = "GPU_Operator"
+    assert f"gpu-migration:{key}.namespace: namespace 'GPU_Operator' is not a DNS label" in error_for(raw)
+
+
+def test_invalid_smoke_namespace(raw):
+    raw["smokeTest"]["namespace"] = "a" * 64
+    assert "gpu-migration:smokeTest.namespace: namespace 'aaaa" in error_for(raw)
+
+
+def test_node_name_too_long_for_derived_names(raw):
+    name = ".".join(["node"] * 13)  # 64 chars: a valid node name, but not a label value
+    raw["nodes"][0]["name"] = name
+    message = error_for(raw)
+    assert f"gpu-migration:nodes[0].name: node name {name!r} is 64 chars" in message
+    assert "kubernetes.io/hostname=<name>, a label value of at most 63" in message
+    raw["nodes"][0]["name"] = name[:63].rstrip(".")
+    parse(raw)
+
+
+@pytest.mark.parametrize("worker_id", ["kube-abc 01", " kube-abc", "kube-äbc", "kube-abc\n"])
+def test_worker_id_with_whitespace_or_non_ascii(raw, worker_id):
+    raw["nodes"][1]["workerId"] = worker_id
+    assert f"gpu-migration:nodes[1].workerId: worker ID {worker_id!r} must be ASCII" in error_for(raw)
+
+
+@pytest.mark.parametrize("label, expected", [
+    ("nvidia.com/gpu.deploy.dra=true", "collides with the GPU Operator's nvidia.com/gpu.deploy.* switches"),
+    ("kubernetes.io/gpu-dra=pilot", "reserved prefix 'kubernetes.io'"),
+    ("node.kubernetes.io/gpu-dra=pilot", "reserved prefix 'node.kubernetes.io'"),
+    ("k8s.io/gpu-dra=pilot", "reserved prefix 'k8s.io'"),
+    ("example.k8s.io/gpu-dra=pilot", "reserved prefix 'example.k8s.io'"),
+])
+def test_pilot_label_reserved(raw, label, expected):
+    raw["pilotLabel"] = label
+    message = error_for(raw)
+    assert "gpu-migration:pilotLabel: " in message and expected in message
+
+
+def test_pilot_label_other_domains_are_fine(raw):
+    for label in ("nvidia.com/gpu-dra=pilot", "mykubernetes.io/x=y", "example.com/k8s.io=x"):
+        raw["pilotLabel"] = label
+        assert parse(raw).pilot_label == label
+
+
+@pytest.mark.parametrize("key", ["endpoint", "iamEndpoint"])
+@pytest.mark.parametrize("url", ["http://containers.cloud.ibm.com/global", "containers.cloud.ibm.com", "ftp://x",
+                                 "https://"])
+def test_endpoint_must_be_https(raw, key, url):
+    raw["ibmCloud"] = {key: url}
+    assert f"gpu-migration:ibmCloud.{key}: {url!r} is not an https:// URL" in error_for(raw)
+
+
+def test_plain_http_only_to_a_local_emulator(raw):
+    raw["ibmCloud"] = {"endpoint": "http://127.0.0.1:8080", "iamEndpoint": "http://localhost:9"}
+    assert parse(raw).ibm_cloud.endpoint == "http://127.0.0.1:8080"
+
+
+def test_cel_selector_must_parse(raw):
+    good = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"
+    raw["deviceSelectors"] = [good, "device.driver ==", "a &&& b"]
+    message = error_for(raw)
+    assert "gpu-migration:deviceSelectors: CEL selector does not parse: [1] 'device.driver =='" in message
+    assert "[2] 'a &&& b'" in message and "[0]" not in message
+    raw["deviceSelectors"] = [good]
+    assert parse(raw).device_selectors == [good]
+
+
+def test_kubeconfig_must_exist(raw, tmp_path):
+    raw["kubeconfig"] = str(tmp_path / "missing")
+    assert f"gpu-migration:kubeconfig: kubeconfig file {raw['kubeconfig']!r} does not exist" in error_for(raw)
+    (tmp_path / "missing").write_text("apiVersion: v1\n")
+    assert parse(raw).kubeconfig == raw["kubeconfig"]
+
+
+def test_hooks(raw):
+    raw["hooks"] = {"beforeReplace": "./move-workloads.sh", "afterVerification": "echo done"}
+    cfg = parse(raw)
+    assert (cfg.hooks.before_replace, cfg.hooks.after_verification) == ("./move-workloads.sh", "echo done")
+    raw["hooks"] = {"beforeReplace": " ", "afterVerfication": "x"}
+    message = error_for(raw)
+    assert "gpu-migration:hooks.beforeReplace: is empty" in message
+    assert "gpu-migration:hooks.afterVerfication: unknown key" in message

@@ -6,8 +6,9 @@ import dill
 import pulumi
 import pytest
 from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
 
-from iks_gpu_migration import kube_checks, kube_providers, status
+from iks_gpu_migration import kube_checks, kube_providers
 from iks_gpu_migration.kube_providers import VERIFICATION_ANNOTATION, CheckFailed
 from tests.emulators.kube import KubeEmulator, openapi_resource_v1
 
@@ -209,6 +210,23 @@ def test_smoke_criterion_4_pod_failed(smoke, kube, kubeconfig):
     assert annotation(kube)["problems"] == [str(e.value).split("  - ")[1]]
 
 
+def failing_patch_node(monkeypatch):
+    """The API server refuses the annotation patch (e.g. RBAC without patch on nodes)."""
+    def refuse(self, name, body, **kwargs):
+        raise ApiException(status=403, reason="Forbidden")
+    monkeypatch.setattr(kube_providers.client.CoreV1Api, "patch_node", refuse)
+
+
+def test_failing_to_record_does_not_hide_the_smoke_failure(smoke, kube, kubeconfig, monkeypatch):
+    smoke["status"]["phase"] = "Failed"
+    failing_patch_node(monkeypatch)
+    with pytest.raises(CheckFailed) as e:
+        verification(kubeconfig, smoke)
+    message = str(e.value)
+    assert message.startswith("smoke test gpu-pilot/gpu-smoke-n1 on node n1 failed:\n  - criterion 4")
+    assert "the result could not be recorded on node n1" in message and "HTTP 403 Forbidden" in message
+
+
 def test_smoke_verification_waits_for_the_expected_pod_uid(smoke, kubeconfig):
     with pytest.raises(CheckFailed) as e:
         verification(kubeconfig, {"metadata": {"uid": "other-uid"}}, **SHORT)
@@ -316,6 +334,27 @@ def test_drain_waits_for_pods_with_resource_claims_and_times_out_naming_them(dra
     assert kube.nodes["n1"]["spec"]["unschedulable"] is True
 
 
+def test_api_error_during_the_drain_wait_still_says_the_node_is_left_cordoned(dra_cluster, kube, kubeconfig,
+                                                                              monkeypatch):
+    kube.add_pod("ml", "training", node="n1", requests={ER: "1"})
+    calls = []
+    real = kube_checks.gpu_pods
+
+    def flaky(*args):
+        calls.append(args)
+        if len(calls) > 1:
+            raise ApiException(status=500, reason="Internal Server Error")
+        return real(*args)
+
+    monkeypatch.setattr(kube_checks, "gpu_pods", flaky)
+    with pytest.raises(CheckFailed) as e:
+        drain(kubeconfig)
+    message = str(e.value)
+    assert "reading the GPU pods on node n1 failed while waiting for them to finish: HTTP 500" in message
+    assert "node n1 is left cordoned with its labels unchanged; run `pulumi up` again to continue" in message
+    assert kube.nodes["n1"]["spec"]["unschedulable"] is True
+
+
 def rollback(kubeconfig, rolling_back=True, **timing):
     return create(kube_providers._RollbackVerificationProvider(), kubeconfig, node="n1", rolling_back=rolling_back,
                   extended_resource=ER, image="nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04", namespace=NS,
@@ -386,6 +425,43 @@ def test_rollback_verification_failure_leaves_node_cordoned(kube, kubeconfig, ro
     assert annotation(kube)["result"] == "failed"
 
 
+@pytest.mark.parametrize("interruption", [KeyboardInterrupt(), kube_providers.Interrupted("shutting down"),
+                                          ApiException(status=500, reason="boom")])
+def test_interrupted_rollback_check_leaves_no_pod(kube, kubeconfig, rolled_back, monkeypatch, interruption):
+    def interrupt(*_):
+        raise interruption
+    monkeypatch.setattr(kube_checks, "pod_log", interrupt)
+    with pytest.raises(type(interruption)):
+        rollback(kubeconfig)
+    assert len(rolled_back) == 1 and not kube.pods
+    assert kube.nodes["n1"]["spec"]["unschedulable"] is True
+
+
+def test_rollback_check_deletes_a_pod_left_by_a_killed_run_and_bounds_its_own(kube, kubeconfig, rolled_back):
+    left = kube.add_pod(NS, "gpu-rollback-check-n1-old", node="n1", phase="Running", requests={ER: "1"})
+    left["metadata"]["labels"] = {"app.kubernetes.io/name": "gpu-rollback-check",
+                                  kube_providers.ROLLBACK_NODE_LABEL: "n1"}
+    other = kube.add_pod(NS, "gpu-rollback-check-n2-old", node="n2", phase="Running")
+    other["metadata"]["labels"] = {"app.kubernetes.io/name": "gpu-rollback-check",
+                                   kube_providers.ROLLBACK_NODE_LABEL: "n2"}
+    rollback(kubeconfig)
+    assert list(kube.pods) == [(NS, "gpu-rollback-check-n2-old")]  # only n1's leftover, and our own, are gone
+    [pod] = rolled_back
+    assert pod["spec"]["activeDeadlineSeconds"] == 2  # FAST timeout: a pod orphaned by SIGKILL still stops
+
+
+def test_failing_to_record_does_not_hide_the_rollback_failure(kube, kubeconfig, rolled_back, monkeypatch):
+    kube.on_pod_create = lambda pod: pod.update(status={"phase": "Failed"})
+    kube.nodes["n1"]["status"]["allocatable"][ER] = "1"
+    failing_patch_node(monkeypatch)
+    with pytest.raises(CheckFailed) as e:
+        rollback(kubeconfig)
+    message = str(e.value)
+    assert "rollback of node n1 to the device plugin failed" in message and "phase Failed" in message
+    assert "node n1 is left cordoned" in message and "could not be recorded on node n1" in message
+    assert not kube.pods
+
+
 def test_rollback_verification_times_out_when_device_plugin_never_serves(kube, kubeconfig):
     kube.add_node("n1")["spec"]["unschedulable"] = True
     with pytest.raises(CheckFailed) as e:
@@ -397,33 +473,6 @@ def test_rollback_verification_times_out_when_device_plugin_never_serves(kube, k
 def test_rollback_verification_is_a_no_op_when_not_rolling_back(kube, kubeconfig):
     assert rollback(kubeconfig, rolling_back=False)["result"] == "not rolling back"
     assert kube.requests == []
-
-
-# --- status command ------------------------------------------------------------------------------------------------
-
-
-def test_status_table(dra_cluster, kube, kubeconfig, tmp_path, capsys):
-    (tmp_path / "Pulumi.pilot.yaml").write_text(
-        "config:\n"
-        "  gpu-migration:clusterName: pilot\n"
-        "  gpu-migration:nodes:\n"
-        "    - {name: n1, workerId: w1, stage: dra}\n"
-        "    - {name: n2, workerId: w2, stage: device-plugin}\n"
-        "    - {name: n3, workerId: w3, stage: ibm-managed}\n"
-    )
-    n1 = kube.nodes["n1"]
-    n1["metadata"]["labels"]["nvidia.com/gpu.deploy.device-plugin"] = "false"
-    n1["metadata"]["annotations"] = {VERIFICATION_ANNOTATION: json.dumps(
-        {"path": "dra", "result": "passed", "gpu": UUID0, "checkedAt": "2026-12-02T12:00:00Z"})}
-    kube.nodes["n2"]["spec"]["unschedulable"] = True
-    assert status.main(["--stack", "pilot", "--kubeconfig", kubeconfig, "--project-dir", str(tmp_path)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["NODE", "STAGE", "LABELS", "CORDONED", "VERIFICATION"]
-    assert lines[1].split() == ["n1", "dra", "migration.example.com/gpu-dra=pilot,",
-                                "nvidia.com/gpu.deploy.device-plugin=false", "no", "passed", "(dra,",
-                                "2026-12-02T12:00:00Z)", UUID0]
-    assert lines[2].split() == ["n2", "device-plugin", "-", "yes", "-"]
-    assert lines[3].split() == ["n3", "ibm-managed", "node", "not", "found", "-", "-"]
 
 
 # --- the Resources declare and their providers serialize ------------------------------------------------------------
@@ -477,3 +526,33 @@ def test_resources_declare_and_providers_serialize():
 
 
 test_resources_declare_and_providers_serialize = pulumi.runtime.test(test_resources_declare_and_providers_serialize)
+
+
+def test_cancelled_up_deletes_the_rollback_check_pod(kube, kubeconfig):
+    """SIGINT to the provider process while the check pod runs (poll interval 30s): the worker notices the shutdown
+    instead of sleeping on, deletes the pod and the process exits (the engine would SIGKILL it after 5s; the wait
+    below is only a hang guard)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    kube.add_node("n1", allocatable={ER: "1"})["spec"]["unschedulable"] = True  # pods it gets stay Running
+    kube.on_pod_create = lambda pod: pod["status"].update(phase="Running")
+    host = subprocess.Popen([sys.executable, str(Path(__file__).parent / "provider_host.py"), kubeconfig],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 30
+        while not kube.pods and time.monotonic() < deadline:  # the check pod is up
+            time.sleep(0.05)
+        assert kube.pods, host.stderr.read() if host.poll() is not None else "no check pod created"
+        host.send_signal(signal.SIGINT)
+        host.wait(timeout=60)
+    finally:
+        if host.poll() is None:
+            host.kill()
+    assert not kube.pods
+    assert [p for m, p in kube.requests if m == "DELETE"] == [
+        f"/api/v1/namespaces/{NS}/pods/gpu-rollback-check-n1-00001"]

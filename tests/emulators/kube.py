@@ -47,6 +47,16 @@ def matches(obj: dict, field_selector: str) -> bool:
     return True
 
 
+def labels_match(obj: dict, label_selector: str) -> bool:
+    """Equality-based labelSelector `k=v` / `k==v` / `k!=v` terms joined by commas (apimachinery labels.Parse)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, label_selector.split(",")):
+        key, op, value = re.match(r"([^=!]+)(!=|==|=)(.*)", term).groups()
+        if (labels.get(key) == value) != (op != "!="):
+            return False
+    return True
+
+
 def openapi_resource_v1(extended_resource_name: bool = True) -> dict:
     props = {"selectors": {"type": "array"}, "config": {"type": "array"}}
     if extended_resource_name:
@@ -200,7 +210,11 @@ class KubeEmulator:
         for pattern, verb, action in self._routes():
             m = re.fullmatch(pattern, path)
             if m and verb == method:
-                return action(*m.groups(), selector=selector, body=body, content_type=content_type)
+                status, payload = action(*m.groups(), selector=selector, body=body, content_type=content_type)
+                if query.get("labelSelector") and isinstance(payload, dict) and "items" in payload:
+                    payload = {**payload, "items": [i for i in payload["items"]
+                                                    if labels_match(i, query["labelSelector"])]}
+                return status, payload
         return 404, _status(404, f"no route for {method} {path}")
 
     def _routes(self):

@@ -1,0 +1,36 @@
+"""Runs one RollbackVerification create the way Pulumi's dynamic provider host does, for the interruption test.
+
+Mirrors pulumi/dynamic/__main__.py (pulumi 3.272) main(): gRPC calls run in a ThreadPoolExecutor(max_workers=4)
+worker while the main thread sits in Event().wait(); on SIGINT (what the engine sends a plugin on cancellation:
+pulumi sdk/go/common/resource/plugin/plugin.go, kill -> cmdutil.InterruptChildren) the main thread's
+KeyboardInterrupt stops the server and main() returns, after which the interpreter waits for the worker.
+
+    python tests/provider_host.py KUBECONFIG  (prints "started" once the check runs)
+"""
+import sys
+from concurrent import futures
+from pathlib import Path
+from threading import Event
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from iks_gpu_migration import kube_providers  # noqa: E402
+
+
+def create(kubeconfig: str) -> None:
+    kube_providers._RollbackVerificationProvider().create({
+        "kubeconfig": kubeconfig, "node": "n1", "rolling_back": True, "extended_resource": "example.com/gpu",
+        "image": "cuda", "namespace": "gpu-pilot", "timeout": 600, "poll_interval": 30})
+
+
+def main() -> None:
+    pool = futures.ThreadPoolExecutor(max_workers=4)
+    pool.submit(create, sys.argv[1])
+    print("started", flush=True)
+    try:
+        Event().wait()
+    except KeyboardInterrupt:
+        pass  # the real host calls server.stop(0) here
+
+
+main()

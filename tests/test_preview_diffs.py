@@ -1,0 +1,87 @@
+"""The `pulumi preview` diff the README promises for each kind of config change (computed by preview_diff.py)."""
+import copy
+
+import pytest
+
+from harness import stack_config
+from preview_diff import preview
+
+DRA, DP, IBM = "10.240.0.11", "10.240.0.12", "10.240.0.13"  # the pilot stack's nodes, one per stage
+
+
+def changed(change) -> dict:
+    raw = copy.deepcopy(stack_config("pilot"))
+    change(raw)
+    return raw
+
+
+def stage(node: str, to: str):
+    def change(raw):
+        next(n for n in raw["nodes"] if n["name"] == node)["stage"] = to
+    return change
+
+
+def names(node: str, *parts: str) -> set[str]:
+    return {f"{node}-{p}" for p in parts}
+
+
+CASES = {
+    # A node leaves ibm-managed: its fence, replacement, drain (no-op), rollback check (no-op) and readiness are new;
+    # its labels show as replaced because they now go to the replaced node's name, known only after `up`.
+    "stage ibm-managed -> device-plugin": (stage(IBM, "device-plugin"), {
+        "+": names(IBM, "fence", "replacement", "drain", "rollback", "operator-ready"),
+        "~": {IBM}, "+-": names(IBM, "labels") | {"dra-preflight"}, "-": set()}),
+    "stage device-plugin -> dra": (stage(DP, "dra"), {
+        "+": names(DP, "smoke-verification") | {f"smoke-{DP}"}, "-": names(DP, "drain", "rollback"),
+        "~": {DP, f"{DP}-labels"}, "+-": names(DP, "operator-ready") | {"dra-preflight"}}),
+    # Rollback of the last dra node: the DRA driver, DeviceClass, preflight and smoke test go away.
+    "stage dra -> device-plugin (rollback)": (stage(DRA, "device-plugin"), {
+        "+": names(DRA, "drain", "rollback"),
+        "-": names(DRA, "smoke-verification") | {f"smoke-{DRA}", "device-class", "dra-driver", "dra-preflight",
+                                                 "smoke-namespace"},
+        "~": {DRA, f"{DRA}-labels"}, "+-": names(DRA, "operator-ready")}),
+    "gpuOperator version or values": (lambda r: r["gpuOperator"].update(version="v25.10.2"), {
+        "~": {"gpu-operator"}, "+": set(), "-": set(), "+-": set()}),
+    "draDriver version or values": (lambda r: r["draDriver"]["values"].update(logVerbosity=6), {
+        "~": {"dra-driver"}, "+": set(), "-": set(), "+-": set()}),
+    "deviceSelectors": (lambda r: r.update(deviceSelectors=["device.attributes['gpu.nvidia.com'].index == 0"]), {
+        "~": {"device-class"}, "+": set(), "-": set(), "+-": set()}),
+    "smokeTest.image": (lambda r: r["smokeTest"].update(image="nvcr.io/nvidia/cuda:13.0.0-base-ubi9"), {
+        "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification", f"{DP}-rollback"}, "~": set(), "+": set(),
+        "-": set()}),
+    "timeouts": (lambda r: r["timeouts"].update(drain=900, operatorReady=1200), {
+        "~": names(DP, "drain", "operator-ready") | names(DRA, "operator-ready") | {"dra-preflight"},
+        "+": set(), "-": set(), "+-": set()}),
+    "smokeTest.command": (lambda r: r["smokeTest"].update(command=["nvidia-smi", "-L"]), {
+        "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification"}, "~": set(), "+": set(), "-": set()}),
+    "IKS timeouts": (lambda r: r["timeouts"].update(masterUpdate=7200, workerReplace=7200, workerPool=7200), {
+        "+": set(), "~": set(), "-": set(), "+-": set()}),
+    "pilotLabel": (lambda r: r.update(pilotLabel="migration.example.com/gpu-dra=on"), {
+        "~": {f"{DRA}-labels", "dra-driver"},
+        "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification", f"{DP}-drain", f"{DP}-rollback"},
+        "+": set(), "-": set()}),
+    "tempGpuPool.enabled": (lambda r: r.update(tempGpuPool={"enabled": True, "flavor": "gx3.16x80.l4",
+                                                            "zone": "us-south-1", "vpcId": "r006-v",
+                                                            "subnetId": "0717-s"}), {
+        "+": {"temp-gpu-pool"}, "~": set(), "-": set(), "+-": set()}),
+    "hooks": (lambda r: r.update(hooks={"beforeReplace": "./move.sh", "afterVerification": "./notify.sh"}), {
+        "+": names(DRA, "before-replace-hook", "after-verification-hook")
+        | names(DP, "before-replace-hook", "after-verification-hook"), "~": set(), "-": set(), "+-": set()}),
+    # After a replacement: recording the new worker ID changes nothing.
+    "workerId set to the replaced worker": (lambda r: r["nodes"][0].update(workerId=f"{r['nodes'][0]['workerId']}-new"),
+                                           {"+": set(), "~": set(), "-": set(), "+-": set()}),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_preview_diff(case):
+    change, expected = CASES[case]
+    assert preview(stack_config("pilot"), changed(change)) == expected
+
+
+def test_unknown_outputs_propagate():
+    """A new kube version replaces both workers; everything addressed by their node names shows as replaced."""
+    diff = preview(stack_config("pilot"), changed(lambda r: r.update(kubeVersion="1.38")))
+    assert diff["~"] == {"master-version"}
+    assert names(DRA, "replacement", "labels", "operator-ready", "smoke-verification") <= diff["+-"]
+    assert names(DP, "replacement", "labels", "operator-ready", "drain", "rollback") <= diff["+-"]

@@ -1,0 +1,182 @@
+"""`python -m iks_gpu_migration.status`: real names from outputs, progress per stage, one-line errors."""
+import json
+import os
+import stat
+
+import pytest
+
+from iks_gpu_migration import status
+from iks_gpu_migration.kube_providers import VERIFICATION_ANNOTATION
+from tests.emulators.http import LocalServer
+from tests.emulators.kube import KubeEmulator
+
+UUID0 = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
+STACK = (
+    "config:\n"
+    "  gpu-migration:clusterName: pilot\n"
+    '  gpu-migration:kubeVersion: "1.37"\n'
+    "  gpu-migration:nodes:\n"
+    "    - {name: n1, workerId: w1, stage: dra}\n"
+    "    - {name: n2, workerId: w2, stage: device-plugin}\n"
+    "    - {name: n3, workerId: w3, stage: ibm-managed}\n"
+)
+# As `pulumi stack output --json` prints migration.export's outputs: n1's worker was replaced and came back as n1b.
+OUTPUTS = {"node:n1": {"stage": "dra", "workerId": "w1", "replacedWorkerId": "w1-new", "nodeName": "n1b",
+                       "smokeTest": "passed"},
+           "node:n2": {"stage": "device-plugin", "workerId": "w2", "replacedWorkerId": "w2", "nodeName": "n2"},
+           "node:n3": {"stage": "ibm-managed", "workerId": "w3"}}
+
+
+@pytest.fixture
+def kube():
+    emulator = KubeEmulator().start()
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture
+def project(tmp_path, kube, monkeypatch):
+    (tmp_path / "Pulumi.pilot.yaml").write_text(STACK)
+    (tmp_path / "outputs.json").write_text(json.dumps(OUTPUTS))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no pulumi CLI unless a test puts one there
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    n1 = kube.add_node("n1b", labels={"migration.example.com/gpu-dra": "pilot",
+                                      "nvidia.com/gpu.deploy.device-plugin": "false"})
+    n1["metadata"]["annotations"] = {VERIFICATION_ANNOTATION: json.dumps(
+        {"path": "dra", "result": "passed", "gpu": UUID0, "checkedAt": "2026-12-02T12:00:00Z"})}
+    n2 = kube.add_node("n2", allocatable={"example.com/gpu": "1"})
+    n2["spec"]["unschedulable"] = True
+    kube.add_node("n3", kubelet_version="v1.35.4+IKS",
+                  labels={"nvidia.com/gpu.deploy.operands": "false", "nvidia.com/gpu.deploy.driver": "false"})
+    return tmp_path
+
+
+def run(project, capsys, *args, kubeconfig=None):
+    argv = ["--stack", "pilot", "--project-dir", str(project), *args]
+    if kubeconfig:
+        argv += ["--kubeconfig", kubeconfig]
+    code = status.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_table_shows_real_names_workers_versions_progress_and_verification(project, kube, capsys):
+    kubeconfig = kube.write_kubeconfig(project / "kubeconfig")
+    code, out, err = run(project, capsys, "--outputs", str(project / "outputs.json"), kubeconfig=kubeconfig)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split() == ["NODE", "WORKER", "KUBE", "STAGE", "PROGRESS", "CORDONED", "VERIFICATION"]
+    assert lines[1].split() == ["n1b", "(was", "n1)", "w1-new", "v1.37.0+IKS", "dra", "4/4", "done", "no",
+                                "passed", "dra", "at", "2026-12-02T12:00:00Z"]
+    assert lines[2].split() == ["n2", "w2", "v1.37.0+IKS", "device-plugin", "3/4", "(next:", "schedulable)", "yes",
+                                "-"]
+    assert lines[3].split() == ["n3", "w3", "v1.35.4+IKS", "ibm-managed", "1/1", "done", "no", "-"]
+
+
+def test_json_for_scripts(project, kube, capsys):
+    kubeconfig = kube.write_kubeconfig(project / "kubeconfig")
+    del kube.nodes["n3"]
+    code, out, _ = run(project, capsys, "--json", "--outputs", str(project / "outputs.json"), kubeconfig=kubeconfig)
+    data = json.loads(out)
+    assert code == 0 and data["stack"] == "pilot" and data["notes"] == []
+    n1, n2, n3 = data["nodes"]
+    assert (n1["node"], n1["configuredName"], n1["workerId"], n1["kubeVersion"]) == ("n1b", "n1", "w1-new",
+                                                                                     "v1.37.0+IKS")
+    assert n1["verification"]["gpu"] == UUID0 and n1["verification"]["checkedAt"] == "2026-12-02T12:00:00Z"
+    assert [s["step"] for s in n2["steps"] if not s["done"]] == ["schedulable"] and n2["cordoned"] is True
+    assert n3["found"] is False and n3["workerId"] == "w3"
+
+
+def test_outputs_from_the_pulumi_cli_when_on_path(project, kube, capsys):
+    # Stands in for the Pulumi CLI: `pulumi stack output --json --stack S` prints the stack's outputs as one JSON
+    # object (pulumi/pulumi pkg/cmd/pulumi/stack/stack_output.go); the args it got are recorded to check them.
+    bin_dir = project / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "pulumi"
+    script.write_text(f"#!/bin/sh\necho \"$@\" > {project}/args\ncat {project}/outputs.json\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}/bin{os.pathsep}/usr/bin"
+    code, out, err = run(project, capsys, kubeconfig=kube.write_kubeconfig(project / "kubeconfig"))
+    assert code == 0 and err == ""
+    assert (project / "args").read_text().split() == ["stack", "output", "--json", "--stack", "pilot"]
+    assert out.splitlines()[1].startswith("n1b (was n1)")
+
+
+def test_without_outputs_it_says_so_and_shows_configured_names(project, kube, capsys):
+    code, out, err = run(project, capsys, kubeconfig=kube.write_kubeconfig(project / "kubeconfig"))
+    assert code == 0
+    assert err.startswith("note: pulumi CLI not on PATH") and "--outputs FILE" in err
+    assert out.splitlines()[1].split()[:4] == ["n1", "w1", "-", "dra"] and "node not found" in out.splitlines()[1]
+
+
+def test_failing_pulumi_cli_degrades_with_its_message(project, kube, capsys):
+    bin_dir = project / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "pulumi"
+    script.write_text("#!/bin/sh\necho 'error: no stack named pilot found' >&2\nexit 255\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}/bin{os.pathsep}/usr/bin"
+    code, _, err = run(project, capsys, kubeconfig=kube.write_kubeconfig(project / "kubeconfig"))
+    assert code == 0
+    assert "`pulumi stack output --stack pilot` failed (error: no stack named pilot found)" in err
+
+
+def one_line_error(project, capsys, *args, kubeconfig=None) -> str:
+    code, out, err = run(project, capsys, *args, kubeconfig=kubeconfig)
+    assert code == 1 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("error: ")
+    return err.strip()
+
+
+def test_unknown_stack(project, capsys):
+    err = one_line_error(project, capsys, "--stack", "prod")
+    assert err == f"error: unknown stack 'prod': no Pulumi.prod.yaml in {project} (stacks here: pilot)"
+
+
+def test_missing_kubeconfig_names_the_file_and_the_option(project, capsys, monkeypatch):
+    err = one_line_error(project, capsys, "--outputs", str(project / "outputs.json"),
+                         kubeconfig=str(project / "nope"))
+    assert f"kubeconfig {project / 'nope'} (from --kubeconfig) does not exist; pass --kubeconfig PATH" in err
+    monkeypatch.setenv("HOME", str(project))
+    err = one_line_error(project, capsys, "--outputs", str(project / "outputs.json"))
+    assert f"kubeconfig {project}/.kube/config (from the default) does not exist" in err
+
+
+def test_invalid_kubeconfig_names_the_file(project, capsys):
+    bad = project / "kubeconfig"
+    bad.write_text("apiVersion: v1\nkind: Config\ncontexts: []\n")
+    err = one_line_error(project, capsys, "--outputs", str(project / "outputs.json"), kubeconfig=str(bad))
+    assert f"kubeconfig {bad} is not usable" in err and "pass --kubeconfig PATH" in err
+
+
+def test_unreachable_api_server(project, kube, capsys):
+    kubeconfig = kube.write_kubeconfig(project / "kubeconfig")
+    kube.stop()
+    err = one_line_error(project, capsys, "--outputs", str(project / "outputs.json"), kubeconfig=kubeconfig)
+    assert err.startswith(f"error: cannot reach the Kubernetes API server at {kube.url}")
+
+
+def test_404_from_something_that_is_not_kubernetes_is_not_node_not_found(project, kube, capsys):
+    # e.g. a kubeconfig pointing at a web server or proxy: a plain 404 page, no Kubernetes Status object.
+    web = LocalServer(lambda method, path, headers, body: (404, "404 page not found")).start()
+    try:
+        kubeconfig = project / "kubeconfig"
+        kube.write_kubeconfig(project / "k")
+        kubeconfig.write_text((project / "k").read_text().replace(kube.url, web.url))
+        err = one_line_error(project, capsys, "--outputs", str(project / "outputs.json"), kubeconfig=str(kubeconfig))
+    finally:
+        web.stop()
+    assert "answered HTTP 404" in err and "not a Kubernetes API answer" in err and "not found" not in err
+
+
+@pytest.mark.parametrize("stage, facts, expected", [
+    ("ibm-managed", status.NodeFacts(), "0/1 (next: operator fenced off)"),
+    ("device-plugin", status.NodeFacts(kubelet="v1.35.4+IKS"), "2/4 (next: worker replaced)"),
+    ("device-plugin", status.NodeFacts(kubelet="v1.37.1", labels={"nvidia.com/gpu.deploy.device-plugin": "false"},
+                                       allocatable={"example.com/gpu": "2"}), "3/4 (next: device-plugin labels)"),
+    ("dra", status.NodeFacts(kubelet="v1.37.1", labels={"p": "on", "nvidia.com/gpu.deploy.device-plugin": "false"},
+                             verification={"path": "dra", "result": "failed"}), "3/4 (next: smoke test passed)"),
+])
+def test_progress(stage, facts, expected):
+    assert status.describe_progress(status.progress(stage, facts, "1.37", ("p", "on"), "example.com/gpu")) == expected
