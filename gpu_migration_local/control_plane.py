@@ -21,6 +21,7 @@ from typing import Optional
 
 
 ADMIN_TOKEN = "local-admin-token"
+KWOK_STAGES = pathlib.Path(__file__).with_name("kwok-stages.yaml")
 
 # kube-controller-manager controllers the migration needs (names as in cmd/kube-controller-manager/names):
 # ResourceClaim cleanup needs the resourceclaim controller and GC for the claim's ownerRef to its pod (KEP-5004);
@@ -139,6 +140,8 @@ class ControlPlane:
             "--disable-admission-plugins", "ServiceAccount",
             "--kubelet-preferred-address-types", "InternalIP",
             "--enable-priority-and-fairness=false",
+            # 1.37 refuses a loopback advertise address for the kubernetes Service endpoints; nothing routes there.
+            "--endpoint-reconciler-type", "none",
         ])
         apiserver.start()
         self._wait_ready(f"{self.server}/readyz", "kube-apiserver /readyz", timeout, [etcd, apiserver])
@@ -155,12 +158,12 @@ class ControlPlane:
             "--concurrent-gc-syncs", "5",
         ])
         kwok = self._proc("kwok", [
-            self._bin("kwok"), "--kubeconfig", str(self.kubeconfig),
+            self._bin("kwok"), "--kubeconfig", str(self.kubeconfig), "--config", str(self._kwok_stages()),
             # Only nodes the local IKS cluster creates (annotation kwok.x-k8s.io/node=fake) are played by kwok.
             "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector", "kwok.x-k8s.io/node=fake",
             # Every node's kubelet endpoint is the kubelet log double on 127.0.0.1 (the API server proxies
-            # pods/log there, as it does to a real kubelet).
-            "--node-ip", "127.0.0.1", *(["--node-port", str(self.kubelet_port)] if self.kubelet_port else []),
+            # pods/log there, as it does to a real kubelet); its port is written into the node stage.
+            "--node-ip", "127.0.0.1",
             "--cidr", "10.1.0.1/16",
         ])
         for p in (scheduler, kcm, kwok):
@@ -171,6 +174,11 @@ class ControlPlane:
                          [kcm])
         self.wait_for_default_service_account(timeout)
         return self
+
+    def _kwok_stages(self) -> pathlib.Path:
+        path = self.workdir / "kwok-stages.yaml"
+        path.write_text(KWOK_STAGES.read_text().replace("${KUBELET_PORT}", str(self.kubelet_port)))
+        return path
 
     def _write_kubeconfig(self) -> None:
         cfg = {

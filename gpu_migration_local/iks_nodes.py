@@ -47,7 +47,20 @@ def node_for(worker: dict, gpus: int = 1) -> dict:
             annotations[IBM_DRIVER_ANNOTATION] = "true"
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": node_name(worker), "labels": labels, "annotations": annotations},
-            "status": {"nodeInfo": {"kubeletVersion": f"v{plain}"}}}
+            "status": {"nodeInfo": node_info(f"v{plain}"), **node_resources()}}
+
+
+def node_resources() -> dict:
+    """What a kubelet reports for a GPU flavor such as gx3.16x80.l4 (the GPUs come from the device plugin)."""
+    r = {"cpu": "16", "memory": "80Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+    return {"capacity": dict(r), "allocatable": dict(r)}
+
+
+def node_info(kubelet_version: str) -> dict:
+    """status.nodeInfo as a kubelet reports it (every field is required by the API types)."""
+    return {"architecture": "amd64", "bootID": "", "containerRuntimeVersion": "containerd://1.7.27",
+            "kernelVersion": "5.15.0", "kubeProxyVersion": kubelet_version, "kubeletVersion": kubelet_version,
+            "machineID": "", "operatingSystem": "linux", "osImage": "Ubuntu 24.04", "systemUUID": ""}
 
 
 @dataclass

@@ -2,6 +2,10 @@
 import time
 from typing import Callable, TypeVar
 
+from kubernetes.client import ApiException
+
+from gpu_migration_local.iks_nodes import node_info, node_resources
+
 T = TypeVar("T")
 
 
@@ -9,9 +13,13 @@ def eventually(check: Callable[[], T], what: str, timeout: float = 30.0, interva
     """Polls until `check` returns a truthy value; the timeout names what was awaited and the last value seen."""
     deadline, last = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
+        try:
+            last = check()
+        except (AttributeError, TypeError, KeyError, IndexError, ApiException) as e:  # not there yet
+            last = e
+        else:
+            if last:
+                return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}")
 
@@ -24,5 +32,5 @@ def kwok_node(name: str, labels: dict, annotations: dict | None = None, kubelet_
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels},
                      "annotations": {"kwok.x-k8s.io/node": "fake", **(annotations or {})}},
         "spec": {"taints": taints or []},
-        "status": {"nodeInfo": {"kubeletVersion": kubelet_version}},
+        "status": {"nodeInfo": node_info(kubelet_version), **node_resources()},
     }
