@@ -109,9 +109,9 @@ class RecordingKube(KubeEmulator):
         self.timeline = timeline
         self.cluster_sim: Optional["Cluster"] = None
 
-    def handle(self, method, path, query, body, content_type):
-        status, payload = super().handle(method, path, query, body, content_type)
-        if method != "GET" and status < 300:
+    def handle(self, method, path, query, body, content_type, dry_run=None):
+        status, payload = super().handle(method, path, query, body, content_type, dry_run)
+        if method != "GET" and status < 300 and dry_run != "All":
             self.timeline.add(f"kube {method}", path=path, body=copy.deepcopy(body))
             if self.cluster_sim:
                 self.cluster_sim.reconcile()
