@@ -244,6 +244,7 @@ def declare(cfg: MigrationConfig) -> Declared:
         api=ctx.ibm_api,
         timeout=t.master_update,
         poll_interval=t.poll_interval,
+        opts=pulumi.ResourceOptions(depends_on=[out.inventory]),
     )
     after: list[pulumi.Resource] = [out.master, out.inventory]
     pool = cfg.temp_gpu_pool

@@ -75,9 +75,8 @@ def test_pilot_order(pilot_run):
     assert run.depends(f"{DP_NODE}-replacement", f"{DRA_NODE}-pending-gpu-pods")
     assert run.depends(f"{DRA_NODE}-pending-gpu-pods", f"{DRA_NODE}-operator-ready")
     # The inventory precedes everything that changes a node; the operand placement check follows the operator.
-    for name in ("gpu-operator", "master-version", f"{DRA_NODE}-replacement"):
-        assert run.depends(name, "gpu-node-inventory") or name == "master-version"
-    assert run.depends(f"{DRA_NODE}-replacement", "gpu-node-inventory")
+    for name in ("gpu-operator", "master-version", "dra-driver", "device-class", f"{DRA_NODE}-replacement"):
+        assert run.depends(name, "gpu-node-inventory")
     assert run.depends("operand-placement", "gpu-operator")
     assert run.depends(f"{DRA_NODE}-operator-ready", "operand-placement")
     assert not run.depends(f"{DRA_NODE}-replacement", f"{DP_NODE}-operator-ready")
