@@ -229,6 +229,11 @@ def declare(cfg: MigrationConfig) -> Declared:
         operator_min_version=OPERATOR_MIN_VERSION,
         temp_pool=cfg.temp_gpu_pool.name if cfg.temp_gpu_pool.enabled else None,
     )
+    if not cfg.one_name_on_both_paths:
+        pulumi.log.warn(
+            f"extendedResourceName {cfg.extended_resource_name} differs from devicePluginResourceName "
+            f"{cfg.device_plugin_resource}: pods must request {cfg.extended_resource_name} to land on dra nodes and "
+            f"{cfg.device_plugin_resource} elsewhere; only nvidia.com/gpu gives one name on both paths")
     # DRA driver values are checked (and the DeviceClass decided) before anything is declared: errors at preview.
     dra_nodes_configured = bool(cfg.nodes_in("dra"))
     own_class = True

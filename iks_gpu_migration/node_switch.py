@@ -66,11 +66,26 @@ def labels_of(api, node: str) -> dict[str, str]:
     return client.CoreV1Api(api).read_node(node).metadata.labels or {}
 
 
+# With driver.manager.env NODE_LABEL_FOR_GPU_POD_EVICTION=<pilot label key>, NVIDIA's driver manager evicts the DRA
+# kubelet plugin during a driver upgrade by rewriting that label to `<value>_paused-for-driver-upgrade`, and restores
+# it afterwards (NVIDIA/k8s-driver-manager). The switch never writes the label while it is paused.
+PAUSED_SUFFIX = "_paused-for-driver-upgrade"
+
+
+def refuse_if_paused(node: str, labels: dict[str, str], key: str) -> None:
+    if labels.get(key, "").endswith(PAUSED_SUFFIX):
+        raise CheckFailed(
+            f"node {node}: {key}={labels[key]}: the GPU Operator's driver manager is upgrading the driver there and "
+            f"has paused the DRA kubelet plugin; nothing was changed. Run `pulumi up` again once the upgrade is done "
+            f"(the label is back to its value)")
+
+
 def forward(api, p: dict[str, Any]) -> bool:
     """device-plugin -> dra. Returns False if the node already was on the DRA path."""
     node, resource = p["node"], p["device_plugin_resource"]
     key, _, value = p["pilot_label"].partition("=")
     labels = labels_of(api, node)
+    refuse_if_paused(node, labels, key)
     if labels.get(key) == value and labels.get(DEVICE_PLUGIN_LABEL) == "false":
         return False
     pulumi.log.info(f"node {node}: switching from the device plugin to DRA; cordoning it")
@@ -103,6 +118,7 @@ def rollback(api, p: dict[str, Any]) -> bool:
     labels = labels_of(api, node)
     if key not in labels and labels.get(DEVICE_PLUGIN_LABEL) != "false":
         return False
+    refuse_if_paused(node, labels, key)
     pulumi.log.info(f"node {node}: rolling back from DRA to the device plugin; cordoning it")
     cordon(api, node, "device-plugin")
 
