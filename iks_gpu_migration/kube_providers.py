@@ -375,6 +375,8 @@ class NodeFence(Resource, module="gpu-migration", name="NodeFence"):
 # --- Rollback (dra -> device-plugin) ---------------------------------------------------------------------------------
 
 
+# NodeDrain is superseded by node_switch.NodePathSwitch; kept so stacks that still hold one can delete it (dynamic
+# providers are loaded from state by module path and class name).
 class _NodeDrainProvider(_Provider):
     rerun_on = ("node", "pilot_label", "extended_resource")
 

@@ -8,7 +8,7 @@ import pulumi
 import pytest
 from kubernetes import config as kube_config
 
-from iks_gpu_migration import kube_checks, kube_providers, status
+from iks_gpu_migration import kube_checks, kube_providers, node_switch, status
 from iks_gpu_migration.kube_providers import VERIFICATION_ANNOTATION, CheckFailed
 from tests.emulators.kube import KubeEmulator, openapi_resource_v1
 
@@ -641,9 +641,20 @@ def test_resources_declare_and_providers_serialize():
     declared += [drain_, kube_providers.RollbackVerification(
         "rollback", node="n1", rolling_back=drain_.rolling_back, extended_resource=ER, image="cuda", namespace=NS,
         **common)]
+    declared += [
+        node_switch.NodePathSwitch("switch", kubeconfig=None, node="n1", target="dra", pilot_label=PILOT,
+                                   device_plugin_resource="nvidia.com/gpu", extended_resource=ER, driver=DRIVER,
+                                   drain_timeout=60, switch_timeout=60, poll_interval=1),
+        kube_providers.GpuNodeInventory("inventory", kubeconfig=None, configured={"n1": "dra"}, worker_ids={},
+                                        operator_min_version="1.36"),
+        kube_providers.OperandPlacement("placement", kubeconfig=None, namespace="gpu-operator", fenced=["n2"]),
+        kube_providers.PendingGpuPods("pending", kubeconfig=None, node="n1", resources=[ER], gate=False),
+    ]
     expected = {"pre": "_DraPreflightProvider", "smoke": "_SmokeTestVerificationProvider",
                 "ready": "_OperatorReadinessProvider", "drain": "_NodeDrainProvider",
-                "rollback": "_RollbackVerificationProvider"}
+                "rollback": "_RollbackVerificationProvider", "switch": "_NodePathSwitchProvider",
+                "inventory": "_GpuNodeInventoryProvider", "placement": "_OperandPlacementProvider",
+                "pending": "_PendingGpuPodsProvider"}
 
     def check(values):
         rolling_back, gpu_uuid, _ = values
@@ -657,7 +668,7 @@ def test_resources_declare_and_providers_serialize():
             assert type(provider).__name__ == cls
         assert mocks.resources["rollback"].inputs["rolling_back"] is True
 
-    return pulumi.Output.all(drain_.rolling_back, declared[1].gpu_uuid, declared[-1].result).apply(check)
+    return pulumi.Output.all(drain_.rolling_back, declared[1].gpu_uuid, declared[4].result).apply(check)
 
 
 test_resources_declare_and_providers_serialize = pulumi.runtime.test(test_resources_declare_and_providers_serialize)
