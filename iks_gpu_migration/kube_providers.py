@@ -192,6 +192,15 @@ def _recreate_pod(api, namespace: str, name: str) -> str:
                                                   "spec": spec}).metadata.uid
 
 
+def _current_uid(api, namespace: str, name: str) -> Optional[str]:
+    try:
+        return client.CoreV1Api(api).read_namespaced_pod(name, namespace).metadata.uid
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
 def _last_record(api, node: str) -> dict[str, Any]:
     raw = (client.CoreV1Api(api).read_node(node).metadata.annotations or {}).get(VERIFICATION_ANNOTATION)
     try:
@@ -206,11 +215,13 @@ class _SmokeTestVerificationProvider(_Provider):
     def run(self, api, p):
         node, pod = p["node"], f"{p['namespace']}/{p['pod_name']}"
         uid = p.get("pod_uid")
-        last = _last_record(api, node)
-        if uid and last.get("result") == "failed" and last.get("podUid") == uid:
-            # This pod already failed verification (an earlier `up`): run the test again with a fresh pod.
-            pulumi.log.info(f"node {node}: smoke pod {pod} failed before; replacing it to run the test again")
-            uid = _recreate_pod(api, p["namespace"], p["pod_name"])
+        last, current = _last_record(api, node), _current_uid(api, p["namespace"], p["pod_name"])
+        if current and last.get("pod") == pod and last.get("podUid") == current:
+            # The pod judged by an earlier `up` (the Pod resource's, or one this provider re-created).
+            uid = current
+            if last.get("result") == "failed":
+                pulumi.log.info(f"node {node}: smoke pod {pod} failed before; replacing it to run the test again")
+                uid = _recreate_pod(api, p["namespace"], p["pod_name"])
         try:
             ended = _wait_for_pod_end(api, p["namespace"], p["pod_name"], uid, p, 600)
             stuck = stuck_containers(ended)

@@ -43,7 +43,7 @@ class GpuNode(pulumi.ComponentResource):
         self.node, self.cfg, self.ctx = node, cfg, ctx
         self.hostname: pulumi.Input[str] = node.name
         self.fence = self.replacement = self.drain = self.rollback = self.readiness = None
-        self.switch = self.pending = self.labels = None
+        self.switch = self.pending = self.labels = self.placement = None
         self.smoke_pod = self.verification = None
         if node.stage == "ibm-managed":
             # The fence refuses a node already replaced (no IBM drivers) or missing, then sets both runbook labels
@@ -83,6 +83,7 @@ class GpuNode(pulumi.ComponentResource):
         after: list[pulumi.Resource],
         readiness_deps: list[pulumi.Resource],
         other_worker_ids: list[pulumi.Input[str]],
+        fenced: Optional[pulumi.Input[list[str]]] = None,
     ) -> None:
         """Replace the worker (after `after`), label it for its stage, roll back from dra if needed, check readiness."""
         node, cfg, ctx, t = self.node, self.cfg, self.ctx, self.cfg.timeouts
@@ -151,6 +152,14 @@ class GpuNode(pulumi.ComponentResource):
                 parent=self, depends_on=[self.switch, *readiness_deps, *filter(None, [self.replacement, self.rollback])]
             ),
         )
+        # Operands start asynchronously after the install: check their placement again once this node is ready.
+        checked: list[pulumi.Resource] = [self.readiness]
+        if fenced is not None:
+            self.placement = kube_providers.OperandPlacement(
+                f"{node.name}-operand-placement", kubeconfig=cfg.kubeconfig, namespace=cfg.gpu_operator.namespace,
+                fenced=fenced, opts=pulumi.ResourceOptions(parent=self, depends_on=[self.readiness]),
+            )
+            checked = [self.placement]
         # The runbook expects Pending GPU workloads to run once the node's driver is in: report (or gate on) them.
         self.pending = kube_providers.PendingGpuPods(
             f"{node.name}-pending-gpu-pods",
@@ -158,7 +167,7 @@ class GpuNode(pulumi.ComponentResource):
             node=self.hostname,
             resources=sorted({cfg.device_plugin_resource, cfg.extended_resource_name}),
             gate=cfg.pending_gpu_pods_gate,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.readiness]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=checked),
         )
 
     def declare_smoke_test(self, cfg: MigrationConfig, ctx: "Context", deps: list[pulumi.Resource]) -> None:
@@ -305,7 +314,7 @@ def declare(cfg: MigrationConfig) -> Declared:
         previous = [migrated[i - 1].pending] if i else []
         siblings = [n.worker_id for n in cfg.nodes if n != gpu_node.node]
         siblings += [m.replacement.new_worker_id for m in migrated[:i]]
-        gpu_node.migrate(after + previous, readiness_deps, siblings)
+        gpu_node.migrate(after + previous, readiness_deps, siblings, fenced_names)
     for gpu_node in gpu_nodes:
         gpu_node.register_outputs({"stage": gpu_node.node.stage})
     out.nodes = {n.node.name: n for n in gpu_nodes}

@@ -146,6 +146,7 @@ class Cluster:
         self.publish_slices = True  # the DRA driver's kubelet plugin publishes ResourceSlices
         self.smoke_log_uuid: Optional[str] = None  # a GPU the smoke container claims to see (default: allocated)
         self.operator_conflicts: list[str] = []  # operator operands scheduled onto a node with IBM's drivers
+        self.operator_ignores_fence = False  # fault: the operator starts its driver on fenced nodes anyway
         self.owned_labels: dict[tuple[str, str], set[str]] = {}  # (node, field manager) -> label keys (SSA)
         self._ids = itertools.count(1)
         iks.cluster_sim = self
@@ -207,6 +208,8 @@ class Cluster:
                     if operands and name not in self.operator_conflicts:
                         self.operator_conflicts.append(name)
                         self.timeline.add("operator operands on a node with IBM drivers", node=name)
+                    if self.operator is not None and self.operator_ignores_fence:
+                        self._operand(name, "nvidia-driver-daemonset", True)
                     continue
                 plugin = operands and labels.get("nvidia.com/gpu.deploy.device-plugin") != "false"
                 self._operand(name, "nvidia-driver-daemonset", operands)

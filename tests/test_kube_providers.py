@@ -284,6 +284,18 @@ def test_failed_smoke_test_is_rerun_with_a_fresh_pod_by_the_next_up(smoke, kube,
     assert outs["result"].startswith("passed:") and len(created) == 1
     assert kube.pods[(NS, "gpu-smoke-n1")]["metadata"]["uid"] != smoke["metadata"]["uid"]
     assert annotation(kube)["podUid"] == kube.pods[(NS, "gpu-smoke-n1")]["metadata"]["uid"]
+    # Passed: a later verification of the same (re-created) pod judges it again instead of replacing it.
+    assert verification(kubeconfig, smoke)["result"].startswith("passed:") and len(created) == 1
+
+
+def test_a_re_created_smoke_pod_that_fails_again_is_replaced_again(smoke, kube, kubeconfig):
+    smoke["status"]["phase"] = "Failed"
+    kube.on_pod_create = lambda pod: pod.update(spec={**pod["spec"], "nodeName": "n1"},
+                                                status={"phase": "Failed"})
+    for expected_pods in (0, 1, 2):  # three `up`s, the Pod resource (and its uid in state) unchanged
+        with pytest.raises(CheckFailed):
+            verification(kubeconfig, smoke)
+        assert kube.requests.count(("POST", f"/api/v1/namespaces/{NS}/pods")) == expected_pods
 
 
 def test_smoke_pass_uncordons_only_a_node_the_switch_cordoned(smoke, kube, kubeconfig):

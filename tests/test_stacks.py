@@ -73,7 +73,8 @@ def test_pilot_order(pilot_run):
     # Master first; then one node at a time, in config order, each after the previous one's readiness.
     assert run.depends(f"{DRA_NODE}-replacement", "master-version")
     assert run.depends(f"{DP_NODE}-replacement", f"{DRA_NODE}-pending-gpu-pods")
-    assert run.depends(f"{DRA_NODE}-pending-gpu-pods", f"{DRA_NODE}-operator-ready")
+    assert run.depends(f"{DRA_NODE}-pending-gpu-pods", f"{DRA_NODE}-operand-placement")
+    assert run.depends(f"{DRA_NODE}-operand-placement", f"{DRA_NODE}-operator-ready")
     # The inventory precedes everything that changes a node; the operand placement check follows the operator.
     for name in ("gpu-operator", "master-version", "dra-driver", "device-class", f"{DRA_NODE}-replacement"):
         assert run.depends(name, "gpu-node-inventory")

@@ -296,3 +296,16 @@ def test_a_replaced_node_set_back_to_ibm_managed_is_refused(env):
     assert result.error is not None
     assert f"node {dp} is set to stage ibm-managed but runs kubelet v1.37" in str(result.error)
     assert labels(env, dp).get("nvidia.com/gpu.deploy.operands") != "false"
+
+
+def test_operator_pods_on_an_ibm_managed_node_stop_up_naming_node_and_pods(env):
+    env.operator_ignores_fence = True
+    result = up(env, pilot_config(env), API_KEY)
+    assert result.error is not None
+    message = str(result.error)
+    assert f"node {IBM}: runs IBM-managed drivers but has GPU Operator pods gpu-operator/nvidia-driver-daemonset-{IBM}" \
+        in message
+    # Nothing past the check: no node readiness passed, node 2 not replaced.
+    replaced = [e.detail["worker"] for e in env.timeline.all("iks POST /v2/vpc/replaceWorker")]
+    assert WORKERS[DP] not in replaced and WORKERS[IBM] not in replaced
+    assert not env.timeline.all("create", name=f"{DRA}-operator-ready")
