@@ -49,9 +49,9 @@ PROBE_CLASS = "gpu-migration-preflight-probe"
 def stores_extended_resource_name(api: ApiClient, extended_resource: str) -> list[str]:
     """Proof that the API server stores DeviceClassSpec.extendedResourceName: a server-side dry-run create, read back.
 
-    An API server with the DRAExtendedResource gate off accepts the object and drops the field (the registry strategy
-    drops fields of disabled gates: kubernetes pkg/registry/resource/deviceclass/strategy.go); an OpenAPI schema
-    listing the field proves nothing about the gate. Nothing is persisted (dryRun=All)."""
+    An API server with the DRAExtendedResource gate off accepts the object and drops the field (kubernetes
+    pkg/registry/resource/deviceclass/strategy.go, dropDisabledDRAExtendedResourceFields); an OpenAPI schema listing
+    the field proves nothing about the gate. Nothing is persisted (dryRun=All)."""
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": PROBE_CLASS},
             "spec": {"extendedResourceName": extended_resource}}
     try:
@@ -413,8 +413,10 @@ def verify_smoke(
 
 # --- GPU nodes discovered from the cluster ----------------------------------------------------------------------------
 
-# IKS labels every worker node with its flavor, worker ID and pool (IBM Cloud docs, "Kubernetes Service: worker node
-# labels", https://cloud.ibm.com/docs/containers?topic=containers-worker-tag-label); GPU flavors are gx2-*/gx3-*.
+# IKS labels every worker node with its flavor and worker ID (read back by IBM's cloud provider:
+# IBM-Cloud/cloud-provider-ibm ibm/ibm_metadata_service.go, machineTypeLabel / workerIDLabel) and its worker pool
+# (ibm-cloud.kubernetes.io/worker-pool-name, IBM Cloud docs "Adding labels and taints to worker nodes"). IKS GPU
+# flavors are the gx families (e.g. gx3.16x80.l4, gx2.16x128.2v100).
 IKS_FLAVOR_LABEL = "ibm-cloud.kubernetes.io/machine-type"
 IKS_WORKER_ID_LABEL = "ibm-cloud.kubernetes.io/worker-id"
 IKS_POOL_LABEL = "ibm-cloud.kubernetes.io/worker-pool-name"

@@ -75,7 +75,8 @@ class KubeEmulator:
         self.openapi: dict[str, dict] = {RESOURCE_V1: openapi_resource_v1()}
         self.device_classes: dict[str, dict] = {}
         # An API server with the DRAExtendedResource gate off serves the field in OpenAPI but drops it from
-        # DeviceClasses it stores (kubernetes pkg/registry/resource/deviceclass/strategy.go, disabled-field dropping).
+        # DeviceClasses it stores (kubernetes pkg/registry/resource/deviceclass/strategy.go,
+        # dropDisabledDRAExtendedResourceFields).
         self.stores_extended_resource_name = True
         # Controllers that react to every request (e.g. GpuNodeModel), run under the lock after each one.
         self.controllers: list[Callable[[str, str], None]] = []
