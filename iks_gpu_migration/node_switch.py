@@ -67,13 +67,15 @@ def labels_of(api, node: str) -> dict[str, str]:
 
 
 # With driver.manager.env NODE_LABEL_FOR_GPU_POD_EVICTION=<pilot label key>, NVIDIA's driver manager evicts the DRA
-# kubelet plugin during a driver upgrade by rewriting that label to `<value>_paused-for-driver-upgrade`, and restores
-# it afterwards (NVIDIA/k8s-driver-manager). The switch never writes the label while it is paused.
-PAUSED_SUFFIX = "_paused-for-driver-upgrade"
+# kubelet plugin while it (re)installs the driver: it rewrites that label to `<value>_paused-for-driver-upgrade`
+# (`paused-for-driver-upgrade` if the value is "true") and restores it afterwards; it also cordons and uncordons the
+# node (NVIDIA/k8s-driver-manager cmd/driver-manager/main.go: maybeSetPaused, maybeSetTrue, uninstallDriver).
+# The switch never writes the label while it is paused.
+PAUSED = "paused-for-driver-upgrade"
 
 
 def refuse_if_paused(node: str, labels: dict[str, str], key: str) -> None:
-    if labels.get(key, "").endswith(PAUSED_SUFFIX):
+    if PAUSED in labels.get(key, ""):
         raise CheckFailed(
             f"node {node}: {key}={labels[key]}: the GPU Operator's driver manager is upgrading the driver there and "
             f"has paused the DRA kubelet plugin; nothing was changed. Run `pulumi up` again once the upgrade is done "

@@ -164,9 +164,11 @@ def test_rollback_verification_uncordons_after_the_check_pod(kube, kubeconfig, n
 
 def test_switch_never_touches_a_pilot_label_paused_for_a_driver_upgrade(kube, kubeconfig, node):
     # The driver manager rewrote the label (NODE_LABEL_FOR_GPU_POD_EVICTION = the pilot label key).
-    patch_labels(kubeconfig, {PILOT[0]: f"{PILOT[1]}_paused-for-driver-upgrade", DEVICE_PLUGIN_LABEL: "false"})
-    before = _state(kube)
-    for target in ("dra", "device-plugin"):
-        with pytest.raises(CheckFailed, match="driver manager is upgrading the driver there"):
-            switch(kubeconfig, target)
-    assert _state(kube) == before and node.violations == []
+    # NVIDIA/k8s-driver-manager maybeSetPaused: "pilot" -> "pilot_paused-for-driver-upgrade", "true" -> "paused-...".
+    for paused in (f"{PILOT[1]}_paused-for-driver-upgrade", "paused-for-driver-upgrade"):
+        patch_labels(kubeconfig, {PILOT[0]: paused, DEVICE_PLUGIN_LABEL: "false"})
+        before = _state(kube)
+        for target in ("dra", "device-plugin"):
+            with pytest.raises(CheckFailed, match="driver manager is upgrading the driver there"):
+                switch(kubeconfig, target)
+        assert _state(kube) == before and node.violations == []
