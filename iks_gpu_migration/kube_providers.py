@@ -549,7 +549,18 @@ class RollbackVerification(Resource, module="gpu-migration", name="RollbackVerif
 # --- GPU nodes of the cluster vs. the config (before the GPU Operator) --------------------------------------------
 
 
-class _GpuNodeInventoryProvider(_Provider):
+class _EveryUp(_Provider):
+    """A read-only check that runs again on every `up` (shown as an update): the cluster changes between runs."""
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        return DiffResult(changes=True, replaces=[], delete_before_replace=False)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        with _client(news.get("kubeconfig")) as api:
+            return UpdateResult(outs={**news, **self.run(api, news)})
+
+
+class _GpuNodeInventoryProvider(_EveryUp):
     rerun_on = ("configured", "worker_ids", "operator_min_version", "temp_pool")
 
     def run(self, api, p):
@@ -561,10 +572,6 @@ class _GpuNodeInventoryProvider(_Provider):
             raise CheckFailed(f"GPU nodes in the cluster don't match gpu-migration:nodes; nothing was installed:"
                               f"{_bullets(problems)}")
         return {"checked": sorted(p["configured"])}
-
-    def diff(self, _id, olds, news):
-        # Re-check on every `up`: new GPU nodes can join at any time.
-        return DiffResult(changes=True, replaces=["configured"], delete_before_replace=True)
 
 
 class GpuNodeInventory(Resource, module="gpu-migration", name="GpuNodeInventory"):
@@ -584,7 +591,7 @@ class GpuNodeInventory(Resource, module="gpu-migration", name="GpuNodeInventory"
 # --- the runbook's operator checks -----------------------------------------------------------------------------------
 
 
-class _OperandPlacementProvider(_Provider):
+class _OperandPlacementProvider(_EveryUp):
     rerun_on = ("namespace", "fenced")
 
     def run(self, api, p):
@@ -593,9 +600,6 @@ class _OperandPlacementProvider(_Provider):
             raise CheckFailed(f"GPU Operator pods run on nodes with IBM-managed drivers:{_bullets(problems)}\n"
                               "stop: uninstall or fix the fence labels before going on")
         return {"checked": sorted(p["fenced"])}
-
-    def diff(self, _id, olds, news):
-        return DiffResult(changes=True, replaces=["fenced"], delete_before_replace=True)  # every `up`
 
 
 class OperandPlacement(Resource, module="gpu-migration", name="OperandPlacement"):

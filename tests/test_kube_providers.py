@@ -684,3 +684,15 @@ def test_resources_declare_and_providers_serialize():
 
 
 test_resources_declare_and_providers_serialize = pulumi.runtime.test(test_resources_declare_and_providers_serialize)
+
+
+def test_inventory_and_placement_run_again_on_every_up(kube, kubeconfig):
+    kube.add_node("a", allocatable={"nvidia.com/gpu": "1"}, kubelet_version="v1.35.4+IKS")
+    provider = kube_providers._GpuNodeInventoryProvider()
+    props = dict(kubeconfig=kubeconfig, configured={"a": "ibm-managed"}, worker_ids={}, operator_min_version="1.36")
+    olds = provider.create(props).outs
+    diff = provider.diff("id", olds, props)
+    assert diff.changes and not diff.replaces  # an update, not a replacement
+    kube.add_node("b", allocatable={"nvidia.com/gpu": "1"}, kubelet_version="v1.35.4+IKS")  # joined since
+    with pytest.raises(CheckFailed, match="GPU node b"):
+        provider.update("id", olds, props)

@@ -205,7 +205,6 @@ def test_rollback_of_the_dra_node(env):
     # The last dra node left: the DRA driver, DeviceClass and smoke test are removed after the updates.
     removed = {"dra-driver", "device-class", f"smoke-{DRA}", f"{DRA}-smoke-verification", "dra-preflight"}
     assert removed <= {e.detail["name"] for e in events if e.kind == "delete"}
-    # (the read-only checks re-run on every `up` are replaced, so they are deleted early; nothing else is)
     assert min(e.seq for e in events if e.kind == "delete" and e.detail["name"] in removed) > uncordon
     assert env.dra_driver is None and not env.device_classes
 
