@@ -441,7 +441,12 @@ def inventory(
     temp_pool: Optional[str] = None,
 ) -> tuple[list[str], list[str]]:
     """(problems, warnings) comparing the cluster's GPU nodes with gpu-migration:nodes (`configured`: name -> stage,
-    `worker_ids`: worker ID -> config name)."""
+    `worker_ids`: worker ID -> config name).
+
+    Problems: an unlisted GPU node still on IBM's drivers (kubelet < operator_min_version: it would get the operator
+    next to them), and an `ibm-managed` name that matches no node (its real node would stay unfenced). Warnings: an
+    unlisted GPU node already past IBM's drivers, and a migrated name that matches no node (both happen while a
+    replacement is under way)."""
     from .versions import version_at_least  # noqa: PLC0415
     problems, warnings = [], []
     nodes = client.CoreV1Api(api).list_node().items
@@ -464,7 +469,10 @@ def inventory(
             problems.append(f"{what}: it runs IBM-managed drivers and would get the GPU Operator next to them; add "
                             f"it (stage ibm-managed, workerId {labels.get(IKS_WORKER_ID_LABEL, '?')})")
         else:
-            problems.append(f"{what}; add it with its stage (or, if it replaced a listed node, update that entry's "
+            # No IBM drivers there, so no fence is needed; most likely the replacement of a listed node whose
+            # replacement was interrupted before OperatorReadiness tied it to its entry. A warning keeps resuming
+            # possible.
+            warnings.append(f"{what}; add it with its stage (or, if it replaced a listed node, update that entry's "
                             "name)")
     for name, stage in configured.items():
         if name not in found:

@@ -496,7 +496,12 @@ def test_inventory_names_unlisted_gpu_nodes_and_missing_config_names(kube, api):
 def test_inventory_ties_replaced_nodes_to_their_config_entry(kube, api):
     kube.add_node("10.0.0.9", labels={**IKS_GPU, "ibm-cloud.kubernetes.io/worker-id": "w-new"},
                   kubelet_version="v1.37.0+IKS")
-    assert inventory(api, {"10.0.0.1": "dra"})[0][0].startswith("GPU node 10.0.0.9 (kubelet v1.37.0+IKS")
+    problems, warnings = inventory(api, {"10.0.0.1": "dra"})
+    assert problems == [] and warnings == [
+        "GPU node 10.0.0.9 (kubelet v1.37.0+IKS, flavor gx3.16x80.l4) is not listed in gpu-migration:nodes; add it "
+        "with its stage (or, if it replaced a listed node, update that entry's name)",
+        "node 10.0.0.1 in gpu-migration:nodes matches no node in the cluster (stage dra; fine while its worker is "
+        "being replaced, else fix its name)"]
     kube.nodes["10.0.0.9"]["metadata"]["annotations"] = {kube_checks.CONFIG_NAME_ANNOTATION: "10.0.0.1"}
     assert inventory(api, {"10.0.0.1": "dra"}) == ([], [])
     kube.nodes["10.0.0.9"]["metadata"]["annotations"] = {}
@@ -696,3 +701,5 @@ def test_inventory_and_placement_run_again_on_every_up(kube, kubeconfig):
     kube.add_node("b", allocatable={"nvidia.com/gpu": "1"}, kubelet_version="v1.35.4+IKS")  # joined since
     with pytest.raises(CheckFailed, match="GPU node b"):
         provider.update("id", olds, props)
+    del kube.nodes["b"]
+    assert provider.update("id", olds, props).outs["checked"] == ["a"]
