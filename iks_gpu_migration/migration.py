@@ -42,7 +42,7 @@ class GpuNode(pulumi.ComponentResource):
         super().__init__("gpu-migration:index:GpuNode", node.name, {"stage": node.stage})
         self.node, self.cfg, self.ctx = node, cfg, ctx
         self.hostname: pulumi.Input[str] = node.name
-        self.fence = self.replacement = self.drain = self.rollback = self.readiness = None
+        self.fence = self.replacement = self.rollback = self.readiness = None
         self.switch = self.pending = self.labels = self.placement = None
         self.smoke_pod = self.verification = None
         if node.stage == "ibm-managed":
@@ -85,7 +85,7 @@ class GpuNode(pulumi.ComponentResource):
         other_worker_ids: list[pulumi.Input[str]],
         fenced: Optional[pulumi.Input[list[str]]] = None,
     ) -> None:
-        """Replace the worker (after `after`), label it for its stage, roll back from dra if needed, check readiness."""
+        """Replace the worker (after `after`), switch it to its stage's path, verify a rollback, check readiness."""
         node, cfg, ctx, t = self.node, self.cfg, self.ctx, self.cfg.timeouts
         # A worker replaced at the target version (idempotent once done); its node name can change.
         self.replacement = iks_providers.WorkerReplacement(
