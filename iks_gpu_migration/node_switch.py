@@ -119,6 +119,10 @@ def rollback(api, p: dict[str, Any]) -> bool:
     key, _, value = p["pilot_label"].partition("=")
     labels = labels_of(api, node)
     if key not in labels and labels.get(DEVICE_PLUGIN_LABEL) != "false":
+        # Never left the device-plugin path (e.g. a forward switch that timed out waiting for GPU pods and was then
+        # called off): only the cordon it left behind has to go.
+        if uncordon_if_ours(api, node):
+            pulumi.log.info(f"node {node}: still on the device plugin; uncordoned (an unfinished switch cordoned it)")
         return False
     refuse_if_paused(node, labels, key)
     pulumi.log.info(f"node {node}: rolling back from DRA to the device plugin; cordoning it")

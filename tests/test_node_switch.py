@@ -172,3 +172,13 @@ def test_switch_never_touches_a_pilot_label_paused_for_a_driver_upgrade(kube, ku
             with pytest.raises(CheckFailed, match="driver manager is upgrading the driver there"):
                 switch(kubeconfig, target)
         assert _state(kube) == before and node.violations == []
+
+
+def test_calling_off_an_unfinished_forward_switch_uncordons(kube, kubeconfig, node):
+    training_pod(kube)
+    with pytest.raises(CheckFailed):
+        switch(kubeconfig, "dra", drain=0.3)
+    assert _state(kube) == (True, "true", None, "1", False)
+    assert switch(kubeconfig, "device-plugin")["rolling_back"] is False  # stage set back: nothing to roll back
+    assert _state(kube) == (False, "true", None, "1", False)
+    assert node_switch.CORDON_ANNOTATION not in kube.nodes["n1"]["metadata"]["annotations"]
