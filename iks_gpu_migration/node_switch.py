@@ -103,8 +103,11 @@ def forward(api, p: dict[str, Any]) -> bool:
         set_labels(api, node, {DEVICE_PLUGIN_LABEL: "false"})
 
     def plugin_gone():
+        # Also no pod holding a plugin GPU (one that tolerates the cordon may have started meanwhile).
         count = kube_checks.allocatable(client.CoreV1Api(api).read_node(node), resource)
-        return count == 0, count, f"{resource} allocatable {count}"
+        pods = kube_checks.device_plugin_gpu_pods(api, node, resource)
+        return count == 0 and not pods, count, f"{resource} allocatable {count}" + (
+            f", pods holding it: {', '.join(pods)}" if pods else "")
 
     _wait(f"node {node} to stop offering {resource} through the device plugin", plugin_gone, p, "switch_timeout", 300,
           node, f"{DEVICE_PLUGIN_LABEL}=false set and no pilot label yet")

@@ -182,3 +182,14 @@ def test_calling_off_an_unfinished_forward_switch_uncordons(kube, kubeconfig, no
     assert switch(kubeconfig, "device-plugin")["rolling_back"] is False  # stage set back: nothing to roll back
     assert _state(kube) == (False, "true", None, "1", False)
     assert node_switch.CORDON_ANNOTATION not in kube.nodes["n1"]["metadata"]["annotations"]
+
+
+def test_pilot_label_waits_for_a_pod_that_started_during_the_switch(kube, kubeconfig, node):
+    # A pod tolerating the cordon got a plugin GPU just before the plugin went away: no pilot label until it ends.
+    def sneak_in():
+        late = training_pod(kube)
+        kube.after(4, "/api/v1/pods", lambda: late["status"].update(phase="Succeeded"))
+    kube.after(1, "/api/v1/pods", sneak_in)  # right after the first wait saw no such pod
+    assert switch(kubeconfig, "dra")["switched"] is True
+    assert kube.pods[("ml", "training")]["status"]["phase"] == "Succeeded"
+    assert node.violations == []
