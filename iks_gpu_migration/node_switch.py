@@ -119,7 +119,7 @@ def forward(api, p: dict[str, Any]) -> bool:
 def rollback(api, p: dict[str, Any]) -> bool:
     """dra -> device-plugin. Returns False if the node was not on (or switching to) the DRA path."""
     node, driver = p["node"], p["driver"]
-    key, _, value = p["pilot_label"].partition("=")
+    key = p["pilot_label"].partition("=")[0]
     labels = labels_of(api, node)
     if key not in labels and labels.get(DEVICE_PLUGIN_LABEL) != "false":
         # Never left the device-plugin path (e.g. a forward switch that timed out waiting for GPU pods and was then
