@@ -257,14 +257,23 @@ class _SmokeTestVerificationProvider(_Provider):
                                    "podUid": uid, "gpu": result.gpu_uuid, "device": result.device,
                                    "problems": result.problems})
         if not passed:
+            # The next `up` knows this pod failed only from the record; without it, it would judge the pod again.
+            rerun = ("it replaces the pod and judges the new one" if not note else
+                     f"as the result was not recorded, replace the pod yourself: `pulumi up --replace <URN of "
+                     f"smoke-{p['pod_name'].removeprefix(names.SMOKE_POD_PREFIX)}>`")
             raise CheckFailed(
                 f"smoke test {pod} on node {node} failed:{_bullets(result.problems)}\n"
-                f"node {node} stays cordoned. Fix the cause and run `pulumi up` again: it replaces the pod and "
-                f"judges the new one" + (f"\n{note}" if note else "")
+                f"node {node} stays cordoned. Fix the cause and run `pulumi up` again: {rerun}"
+                + (f"\n{note}" if note else "")
             )
         summary = f"passed: {pod} used {result.device} ({result.gpu_uuid}) via {result.claim}"
-        if _uncordon_if_ours(api, node):
-            summary += f"; node {node} uncordoned"
+        try:
+            if _uncordon_if_ours(api, node):
+                summary += f"; node {node} uncordoned"
+        except Exception as e:
+            raise CheckFailed(
+                f"smoke test {summary}, but uncordoning node {node} failed: {_short(e)}\n"
+                f"run `pulumi up` again (it judges the same pod again) or `kubectl uncordon {node}`") from e
         pulumi.log.info(f"node {node}: smoke test {summary}")
         return {"gpu_uuid": result.gpu_uuid, "device": result.device, "claim": result.claim, "result": summary}
 

@@ -299,6 +299,25 @@ def test_a_re_created_smoke_pod_that_fails_again_is_replaced_again(smoke, kube, 
         assert kube.requests.count(("POST", f"/api/v1/namespaces/{NS}/pods")) == expected_pods
 
 
+def test_smoke_pass_with_a_failing_uncordon_says_what_to_do(smoke, kube, kubeconfig, monkeypatch):
+    kube.nodes["n1"]["spec"]["unschedulable"] = True
+    kube.nodes["n1"]["metadata"]["annotations"] = {kube_providers.CORDON_ANNOTATION: "dra"}
+    real = kube_providers.client.CoreV1Api.patch_node
+
+    def refuse_uncordon(self, name, body, **kwargs):
+        if "spec" in body:
+            raise ApiException(status=403, reason="Forbidden")
+        return real(self, name, body, **kwargs)
+
+    monkeypatch.setattr(kube_providers.client.CoreV1Api, "patch_node", refuse_uncordon)
+    with pytest.raises(CheckFailed) as e:
+        verification(kubeconfig, smoke)
+    message = str(e.value)
+    assert message.startswith("smoke test passed: gpu-pilot/gpu-smoke-n1 used ")
+    assert "but uncordoning node n1 failed: HTTP 403 Forbidden" in message and "kubectl uncordon n1" in message
+    assert annotation(kube)["result"] == "passed"
+
+
 def test_smoke_pass_uncordons_only_a_node_the_switch_cordoned(smoke, kube, kubeconfig):
     kube.nodes["n1"]["spec"]["unschedulable"] = True
     kube.nodes["n1"]["metadata"]["annotations"] = {kube_providers.CORDON_ANNOTATION: "dra"}
@@ -324,6 +343,9 @@ def test_failing_to_record_does_not_hide_the_smoke_failure(smoke, kube, kubeconf
     message = str(e.value)
     assert message.startswith("smoke test gpu-pilot/gpu-smoke-n1 on node n1 failed:\n  - criterion 4")
     assert "the result could not be recorded on node n1" in message and "HTTP 403 Forbidden" in message
+    # Without the record the next `up` can't tell this pod failed: the message says how to re-run instead.
+    assert "replace the pod yourself: `pulumi up --replace <URN of smoke-n1>`" in message
+    assert "it replaces the pod" not in message
 
 
 def test_smoke_verification_waits_for_the_expected_pod_uid(smoke, kubeconfig):
