@@ -290,3 +290,12 @@ def test_gpu_taints_become_tolerations(raw):
     raw["gpuTaints"] = [{"key": "bad key!", "effect": "Sometimes"}]
     message = error_for(raw)
     assert "gpu-migration:gpuTaints[0].key" in message and "gpu-migration:gpuTaints[0].effect" in message
+
+
+def test_every_default_timeout_is_above_the_default_poll_interval():
+    """A timeout added later (e.g. pathSwitch) must not make the default config fail the poll-interval check."""
+    from iks_gpu_migration.config import Timeouts
+    t = Timeouts()
+    for name in Timeouts.model_fields:
+        if name != "poll_interval":
+            assert getattr(t, name) > t.poll_interval, name
