@@ -157,6 +157,23 @@ def _is_loopback(host: Optional[str]) -> bool:
     return host in ("localhost", "127.0.0.1", "::1")
 
 
+class Taint(Model):
+    """A taint the GPU nodes carry (e.g. from the IKS worker pool); GPU pods this program runs tolerate it."""
+    key: str
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        return check_qualified_name(v)
+
+    def toleration(self) -> dict[str, str]:
+        if self.value:
+            return {"key": self.key, "operator": "Equal", "value": self.value, "effect": self.effect}
+        return {"key": self.key, "operator": "Exists", "effect": self.effect}
+
+
 class IbmCloud(Model):
     endpoint: str = "https://containers.cloud.ibm.com/global"
     iam_endpoint: str = "https://iam.cloud.ibm.com"
@@ -188,7 +205,10 @@ class Timeouts(Model):
     worker_pool: float = Field(default=3600, gt=0)
     operator_ready: float = Field(default=1800, gt=0)
     smoke_test: float = Field(default=600, gt=0)
-    drain: float = Field(default=1800, gt=0)
+    drain: float = Field(default=1800, gt=0)  # GPU pods to finish/move before a node switches path (either way)
+    # The node's device-plugin allocatable to reach 0, or its ResourceSlices to be wiped (the kubelet wipes a DRA
+    # driver's slices ~30 s after its plugin unregisters: kubernetes pkg/kubelet/cm/dra).
+    path_switch: float = Field(default=300, gt=0)
     poll_interval: float = Field(default=15, gt=0)
 
     @field_validator("*")
@@ -203,7 +223,7 @@ class Timeouts(Model):
 
 class Hooks(Model):
     """Shell commands run on the machine running `pulumi up`, per migrated node (see hooks.py)."""
-    before_replace: Optional[str] = None  # before the node's drain (rollback) or worker replacement
+    before_replace: Optional[str] = None  # before the node's worker replacement and path switch (drain)
     after_verification: Optional[str] = None  # after the node's readiness and, on dra, its smoke test passed
 
     @field_validator("before_replace", "after_verification")
@@ -220,11 +240,16 @@ class MigrationConfig(Model):
     nodes: list[Node] = Field(min_length=1)
     gpu_operator: HelmChart
     dra_driver: HelmChart
-    extended_resource_name: str = "example.com/gpu"
-    # What the operator's device plugin advertises; default: the extended resource name, so pods request one name
-    # on both paths (configure the plugin's resource name in gpuOperator.values to match).
-    device_plugin_resource_name: Optional[str] = None
-    dra_driver_name: str = "gpu.example.com"
+    # nvidia.com/gpu: the name the device plugin already serves, so existing pods keep their requests and one name
+    # is on both paths (the case KEP-5004 was designed for: kubernetes/enhancements keps/sig-scheduling/5004-*).
+    extended_resource_name: str = "nvidia.com/gpu"
+    # What the operator's device plugin advertises. Always under nvidia.com/: the plugin forces that prefix and has
+    # resource renaming disabled (NVIDIA/k8s-device-plugin api/config/v1/resources.go, DisableResourceNamingInConfig).
+    device_plugin_resource_name: str = "nvidia.com/gpu"
+    dra_driver_name: str = "gpu.nvidia.com"  # NVIDIA/k8s-dra-driver-gpu cmd/gpu-kubelet-plugin (DriverName)
+    gpu_taints: list[Taint] = []  # taints of the GPU nodes: the smoke pod and the DRA kubelet plugin tolerate them
+    # After each node: report GPU pods still Pending with their scheduling reason; true: fail `up` on any.
+    pending_gpu_pods_gate: bool = False
     pilot_label: str = "migration.example.com/gpu-dra=pilot"
     smoke_test: SmokeTest
     device_selectors: list[str] = []  # extra CEL expressions, e.g. on device memory
@@ -250,6 +275,16 @@ class MigrationConfig(Model):
         prefix = v.split("/")[0]
         if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io") or v.startswith("requests."):
             raise ValueError(f"{v!r} is in a reserved namespace; extended resources need your own domain")
+        return v
+
+    @field_validator("device_plugin_resource_name")
+    @classmethod
+    def _device_plugin_resource(cls, v: str) -> str:
+        if not v.startswith("nvidia.com/"):
+            raise ValueError(
+                f"{v!r}: the NVIDIA device plugin only advertises names under nvidia.com/ (e.g. nvidia.com/gpu, "
+                "nvidia.com/mig-1g.10gb); resource renaming is disabled in the plugin"
+            )
         return v
 
     @field_validator("dra_driver_name")
@@ -294,7 +329,15 @@ class MigrationConfig(Model):
     # Derived views used by the components.
     @property
     def device_plugin_resource(self) -> str:
-        return self.device_plugin_resource_name or self.extended_resource_name
+        return self.device_plugin_resource_name
+
+    @property
+    def one_name_on_both_paths(self) -> bool:
+        return self.extended_resource_name == self.device_plugin_resource_name
+
+    @property
+    def tolerations(self) -> list[dict[str, str]]:
+        return [t.toleration() for t in self.gpu_taints]
 
     @property
     def pilot_label_pair(self) -> tuple[str, str]:

@@ -2,7 +2,6 @@
 
 An empty list means the check passed. The dynamic providers in kube_providers poll these until they pass.
 """
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
@@ -14,19 +13,9 @@ from kubernetes.utils import parse_quantity
 
 GPU_RESOURCE = "nvidia.com/gpu"  # what the NVIDIA device plugin advertises by default
 RESOURCE_API = "apis/resource.k8s.io/v1"
-DEVICE_CLASS_SPEC = "io.k8s.api.resource.v1.DeviceClassSpec"
 TERMINAL = ("Succeeded", "Failed")
 # "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-4a1b...)" from `nvidia-smi -L`; MIG devices print "MIG-...".
 GPU_UUID = re.compile(r"\bUUID:\s*((?:GPU|MIG)-[0-9A-Za-z-]+)")
-
-
-def get_json(api: ApiClient, path: str) -> dict:
-    """GET a non-resource path (e.g. /openapi/v3) with the client's auth and TLS settings."""
-    response = api.call_api(*api.param_serialize("GET", path, auth_settings=["BearerToken"]))
-    response.read()
-    if response.status != 200:
-        raise RuntimeError(f"GET {path} returned HTTP {response.status}: {response.data[:200]!r}")
-    return json.loads(response.data)
 
 
 def allocatable(node: client.V1Node, resource: str) -> int:
@@ -54,26 +43,56 @@ def devices_per_node(api: ApiClient, driver: Optional[str] = None) -> dict[str, 
     return counts
 
 
-def openapi_problems(api: ApiClient) -> list[str]:
-    """The API server must know DeviceClassSpec.extendedResourceName (DRAExtendedResource, k8s >= 1.34)."""
-    entry = get_json(api, "/openapi/v3").get("paths", {}).get(RESOURCE_API)
-    if not entry:
-        return [f"API server OpenAPI v3 has no {RESOURCE_API}: DRA (resource.k8s.io/v1) is not served"]
-    schemas = get_json(api, entry["serverRelativeURL"]).get("components", {}).get("schemas", {})
-    if "extendedResourceName" not in schemas.get(DEVICE_CLASS_SPEC, {}).get("properties", {}):
+PROBE_CLASS = "gpu-migration-preflight-probe"
+
+
+def stores_extended_resource_name(api: ApiClient, extended_resource: str) -> list[str]:
+    """Proof that the API server stores DeviceClassSpec.extendedResourceName: a server-side dry-run create, read back.
+
+    An API server with the DRAExtendedResource gate off accepts the object and drops the field (kubernetes
+    pkg/registry/resource/deviceclass/strategy.go, dropDisabledDRAExtendedResourceFields); an OpenAPI schema listing
+    the field proves nothing about the gate. Nothing is persisted (dryRun=All)."""
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": PROBE_CLASS},
+            "spec": {"extendedResourceName": extended_resource}}
+    try:
+        created = client.ResourceV1Api(api).create_device_class(body, dry_run="All")
+    except ApiException as e:
+        if e.status == 404:
+            return [f"API server does not serve {RESOURCE_API} DeviceClasses: DRA (resource.k8s.io/v1) is not served"]
+        if e.status != 409:  # 409: a leftover probe exists; the read-back below cannot run, say so
+            raise
+        return [f"DeviceClass {PROBE_CLASS} exists (left from an earlier probe?); delete it and retry"]
+    stored = created.spec.extended_resource_name if created.spec else None
+    if stored != extended_resource:
         return [
-            f"API server OpenAPI {RESOURCE_API} has no {DEVICE_CLASS_SPEC}.extendedResourceName: "
-            "DRA extended resources (feature gate DRAExtendedResource) are not available"
+            f"API server dropped DeviceClass spec.extendedResourceName on a dry-run create (sent "
+            f"{extended_resource!r}, read back {stored!r}): DRA extended resources (feature gate DRAExtendedResource, "
+            "GA in 1.37) are not enabled"
         ]
     return []
 
 
+def device_class_conflicts(api: ApiClient, extended_resource: str, own_class: str) -> list[str]:
+    """Another DeviceClass mapping the same extended resource: the one created later wins (KEP-5004), so which GPUs
+    serve `extended_resource` would depend on creation order. Chart >= 25.12 installs gpu.nvidia.com mapping
+    nvidia.com/gpu (NVIDIA/k8s-dra-driver-gpu templates/deviceclass-gpu.yaml)."""
+    others = sorted(
+        c.metadata.name for c in client.ResourceV1Api(api).list_device_class().items
+        if c.spec and c.spec.extended_resource_name == extended_resource and c.metadata.name != own_class
+    )
+    return [f"DeviceClass {name} also maps extended resource {extended_resource} (the later-created class wins); "
+            f"delete it, or let {own_class} be the only one" for name in others]
+
+
 def preflight(
     api: ApiClient, driver: str, extended_resource: str, dra_nodes: list[str], all_nodes: list[str],
-    device_plugin_resource: str = GPU_RESOURCE,
+    device_plugin_resource: str = GPU_RESOURCE, device_class: Optional[str] = None,
 ) -> list[str]:
-    """DRA is served, driver slices exist exactly on the dra nodes, and no node offers GPUs on both paths."""
-    problems = openapi_problems(api)
+    """The API server stores extendedResourceName, one DeviceClass maps it, driver slices exist exactly on the dra
+    nodes, and no node offers GPUs on both paths."""
+    problems = stores_extended_resource_name(api, extended_resource)
+    if device_class:
+        problems += device_class_conflicts(api, extended_resource, device_class)
     devices = devices_per_node(api, driver)
     nodes = {n.metadata.name: n for n in client.CoreV1Api(api).list_node().items}
     for name in all_nodes:
@@ -94,23 +113,60 @@ def preflight(
     return problems
 
 
+# Operand pods by the DaemonSet names the GPU Operator gives them (NVIDIA/gpu-operator assets/state-*/*daemonset.yaml).
+DRIVER_POD, TOOLKIT_POD = "nvidia-driver-daemonset", "nvidia-container-toolkit-daemonset"
+DEVICE_PLUGIN_POD, DCGM_EXPORTER_POD = "nvidia-device-plugin-daemonset", "nvidia-dcgm-exporter"
+FENCED_OPERANDS = (DRIVER_POD, DEVICE_PLUGIN_POD, TOOLKIT_POD, DCGM_EXPORTER_POD)
+# The DRA chart's kubelet plugin DaemonSet, `<chart name>-kubelet-plugin` (templates/kubeletplugin.yaml); its
+# container `gpus` logs the prepared claims (cmd/gpu-kubelet-plugin/driver.go).
+KUBELET_PLUGIN_POD, KUBELET_PLUGIN_CONTAINER = "kubelet-plugin", "gpus"
+
+
+def _operand(pod: client.V1Pod, name: str) -> bool:
+    return pod.metadata.name.startswith(f"{name}-")
+
+
+def kubelet_plugin_pods(api: ApiClient, namespace: str, node: str) -> list[client.V1Pod]:
+    pods = client.CoreV1Api(api).list_namespaced_pod(namespace, field_selector=f"spec.nodeName={node}").items
+    return [p for p in pods if f"-{KUBELET_PLUGIN_POD}-" in p.metadata.name]
+
+
 def operator_ready(
-    api: ApiClient, node: str, namespace: str, stage: str, driver: Optional[str] = None, resource: str = GPU_RESOURCE
+    api: ApiClient, node: str, namespace: str, stage: str, driver: Optional[str] = None, resource: str = GPU_RESOURCE,
+    dra_namespace: Optional[str] = None,
 ) -> list[str]:
-    """GPU Operator operand pods on the node are running/completed, and the node's GPUs are allocatable
-    (`resource`, the device plugin's resource name, on device-plugin nodes; DRA devices on dra nodes)."""
+    """The node's GPUs are usable on its stage's path.
+
+    device-plugin: every GPU Operator pod on the node running/completed, and `resource` allocatable.
+    dra: only the operands that must run there: driver and toolkit Ready, the DRA kubelet plugin Ready, and DRA
+    devices published. Not "all pods": the operator validator's plugin-validation init container waits for
+    nvidia.com/gpu capacity, which a node without the device plugin never gets, so it loops there
+    (NVIDIA/gpu-operator cmd/nvidia-validator/main.go)."""
     core = client.CoreV1Api(api)
     problems = []
     pods = core.list_namespaced_pod(namespace, field_selector=f"spec.nodeName={node}").items
+    if stage == "dra":
+        for operand in (DRIVER_POD, TOOLKIT_POD):
+            mine = [p for p in pods if _operand(p, operand)]
+            if not mine:
+                problems.append(f"node {node}: no {operand} pod in namespace {namespace}")
+            problems += [f"node {node}: pod {namespace}/{p.metadata.name} {state}"
+                         for p in mine if (state := pod_not_ready(p))]
+        if dra_namespace:
+            plugins = kubelet_plugin_pods(api, dra_namespace, node)
+            if not plugins:
+                problems.append(f"node {node}: no DRA kubelet plugin pod in namespace {dra_namespace}")
+            problems += [f"node {node}: pod {dra_namespace}/{p.metadata.name} {state}"
+                         for p in plugins if (state := pod_not_ready(p))]
+        if not devices_per_node(api, driver).get(node):
+            problems.append(f"node {node}: no DRA devices in ResourceSlices{f' of driver {driver}' if driver else ''}")
+        return problems
     if not pods:
         problems.append(f"node {node}: no GPU Operator pods in namespace {namespace}")
     for pod in pods:
         if state := pod_not_ready(pod):
             problems.append(f"node {node}: pod {namespace}/{pod.metadata.name} {state}")
-    if stage == "dra":
-        if not devices_per_node(api, driver).get(node):
-            problems.append(f"node {node}: no DRA devices in ResourceSlices{f' of driver {driver}' if driver else ''}")
-    elif not allocatable(core.read_node(node), resource):
+    if not allocatable(core.read_node(node), resource):
         problems.append(f"node {node}: {resource} allocatable is 0 (device plugin not serving)")
     return problems
 
@@ -148,12 +204,58 @@ def gpu_pods(api: ApiClient, node: str, extended_resource: str) -> list[str]:
     )
 
 
+def requests_resource(pod: client.V1Pod, resource: str) -> bool:
+    for c in [*(pod.spec.containers or []), *(pod.spec.init_containers or [])]:
+        amounts = {**((c.resources and c.resources.requests) or {}), **((c.resources and c.resources.limits) or {})}
+        if amounts.get(resource) not in (None, "0"):
+            return True
+    return False
+
+
+def device_plugin_gpu_pods(api: ApiClient, node: str, resource: str) -> list[str]:
+    """namespace/name of unfinished pods on the node holding `resource` through the device plugin (a request of it
+    that the scheduler did not turn into a DRA claim: no status.extendedResourceClaimStatus)."""
+    pods = client.CoreV1Api(api).list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
+    return sorted(
+        f"{p.metadata.namespace}/{p.metadata.name}" for p in pods
+        if (p.status.phase if p.status else None) not in TERMINAL and requests_resource(p, resource)
+        and not (p.status and p.status.extended_resource_claim_status)
+    )
+
+
+def pending_gpu_pods(api: ApiClient, resources: Iterable[str]) -> list[str]:
+    """Pods requesting a GPU resource that are still Pending, each with its scheduling reason."""
+    found = []
+    for p in client.CoreV1Api(api).list_pod_for_all_namespaces(field_selector="status.phase=Pending").items:
+        if not (p.spec.resource_claims or any(requests_resource(p, r) for r in resources)):
+            continue
+        reasons = [f"{c.reason}: {c.message}" for c in (p.status.conditions or []) if p.status
+                   if c.type == "PodScheduled" and c.status == "False"]
+        found.append(f"{p.metadata.namespace}/{p.metadata.name} ({reasons[0] if reasons else 'not yet scheduled'})")
+    return sorted(found)
+
+
+def operand_placement_problems(api: ApiClient, namespace: str, fenced: Iterable[str]) -> list[str]:
+    """Driver, device plugin, container toolkit or DCGM exporter pods on a node that must keep IBM's drivers: what
+    the runbook checks by hand after installing the operator."""
+    fenced = set(fenced)
+    per_node: dict[str, list[str]] = {}
+    for p in client.CoreV1Api(api).list_namespaced_pod(namespace).items:
+        node = p.spec.node_name
+        if node in fenced and any(_operand(p, o) for o in FENCED_OPERANDS):
+            per_node.setdefault(node, []).append(f"{namespace}/{p.metadata.name}")
+    return [f"node {n}: runs IBM-managed drivers but has GPU Operator pods {', '.join(sorted(pods))}; the "
+            "operator must not run there (check its nvidia.com/gpu.deploy.operands=false label)"
+            for n, pods in sorted(per_node.items())]
+
+
 @dataclass
 class SmokeResult:
     problems: list[str] = field(default_factory=list)
     gpu_uuid: str = ""
     device: str = ""  # <driver>/<pool>/<device>
     claim: str = ""  # namespace/name of the ResourceClaim generated for the pod
+    claim_uid: str = ""
 
 
 def pod_log(api: ApiClient, pod: client.V1Pod) -> str:
@@ -226,17 +328,61 @@ def allocation(api: ApiClient, pod: client.V1Pod, driver: str, extended_resource
     r = ours[0]
     result.device = f"{r.driver}/{r.pool}/{r.device}"
     result.gpu_uuid = device_uuid(api, r.driver, r.pool, r.device)
+    result.claim_uid = claim.metadata.uid or ""
+
+
+def prepared_claim(log: str, claim_uid: str) -> bool:
+    """The kubelet plugin logged that it prepared the claim (NVIDIA/k8s-dra-driver-gpu cmd/gpu-kubelet-plugin/driver.go,
+    level 0): v25.8 `...for claim '<uid>': ...`, v25.12 `...for claim '<namespace>/<name>:<uid>': ...`."""
+    return bool(re.search(rf"Returning newly prepared devices for claim '(?:[^']*:)?{re.escape(claim_uid)}'", log))
+
+
+def allocation_logged(api: ApiClient, dra_namespace: str, node: str, result: SmokeResult) -> None:
+    """Criterion 2: the DRA driver on the node logged an allocation for the pod's claim."""
+    plugins = kubelet_plugin_pods(api, dra_namespace, node)
+    if not plugins:
+        result.problems.append(f"criterion 2 (allocation): no DRA kubelet plugin pod on node {node} in namespace "
+                               f"{dra_namespace}")
+        return
+    core = client.CoreV1Api(api)
+    for pod in plugins:
+        try:
+            log = core.read_namespaced_pod_log(pod.metadata.name, dra_namespace, container=KUBELET_PLUGIN_CONTAINER)
+        except ApiException as e:
+            if e.status in (400, 404):
+                continue
+            raise
+        if prepared_claim(log or "", result.claim_uid):
+            return
+    names = ", ".join(f"{dra_namespace}/{p.metadata.name}" for p in plugins)
+    result.problems.append(f"criterion 2 (allocation): DRA kubelet plugin {names} logged no prepared devices for "
+                           f"claim {result.claim} (uid {result.claim_uid})")
+
+
+def uuid_problem(seen: list[str], allocated: str) -> str:
+    """'' if the container saw exactly the allocated device. `nvidia-smi -L` prints a MIG device under its parent
+    GPU's line, so with a MIG device the parent's GPU- UUID is expected next to the MIG- one; the allocated uuid must
+    be among the printed ones, and no other device of its kind."""
+    if allocated not in seen:
+        return f"allocated uuid {allocated} not printed"
+    kind = allocated.split("-", 1)[0]
+    others = [u for u in seen if u.split("-", 1)[0] == kind and u != allocated]
+    return f"other {kind} devices visible: {others}" if others else ""
 
 
 def verify_smoke(
-    api: ApiClient, namespace: str, pod_name: str, node: str, driver: str, extended_resource: str
+    api: ApiClient, namespace: str, pod_name: str, node: str, driver: str, extended_resource: str,
+    dra_namespace: Optional[str] = None,
 ) -> SmokeResult:
-    """The four smoke-test criteria for a finished pod; each problem says which criterion failed and what was seen."""
+    """The four smoke-test criteria for a finished pod; each problem says which criterion failed and what was seen.
+    With `dra_namespace`, criterion 2 also needs the DRA kubelet plugin's log line for the pod's claim."""
     core = client.CoreV1Api(api)
     pod = core.read_namespaced_pod(pod_name, namespace)
     name = f"{namespace}/{pod_name}"
     result = SmokeResult(problems=scheduling_problems(api, pod, node))
     allocation(api, pod, driver, extended_resource, result)
+    if dra_namespace and result.claim_uid:
+        allocation_logged(api, dra_namespace, node, result)
 
     # (3) the GPU the container saw is the one DRA allocated.
     log = pod_log(api, pod)
@@ -247,10 +393,10 @@ def verify_smoke(
         result.problems.append(
             f"criterion 3 (GPU in logs): allocated device {result.device} has no uuid attribute in its ResourceSlice"
         )
-    elif result.gpu_uuid and seen != [result.gpu_uuid]:
+    elif result.gpu_uuid and (why := uuid_problem(seen, result.gpu_uuid)):
         result.problems.append(
             f"criterion 3 (GPU in logs): pod {name} logs name {seen}, allocated device {result.device} "
-            f"is {result.gpu_uuid}"
+            f"is {result.gpu_uuid} ({why})"
         )
 
     # (4) the GPU operation succeeded.
@@ -263,3 +409,77 @@ def verify_smoke(
             f"criterion 4 (GPU operation): pod {name} phase {phase}, containers: {exits or 'not terminated'}"
         )
     return result
+
+
+# --- GPU nodes discovered from the cluster ----------------------------------------------------------------------------
+
+# IKS labels every worker node with its flavor and worker ID (read back by IBM's cloud provider:
+# IBM-Cloud/cloud-provider-ibm ibm/ibm_metadata_service.go, machineTypeLabel / workerIDLabel) and its worker pool
+# (ibm-cloud.kubernetes.io/worker-pool-name, IBM Cloud docs "Adding labels and taints to worker nodes"). IKS GPU
+# flavors are the gx families (e.g. gx3.16x80.l4, gx2.16x128.2v100).
+IKS_FLAVOR_LABEL = "ibm-cloud.kubernetes.io/machine-type"
+IKS_WORKER_ID_LABEL = "ibm-cloud.kubernetes.io/worker-id"
+IKS_POOL_LABEL = "ibm-cloud.kubernetes.io/worker-pool-name"
+GPU_FLAVOR_PREFIXES = ("gx",)
+# Set by OperatorReadiness on a replaced node: the config entry it belongs to (its name may differ).
+CONFIG_NAME_ANNOTATION = "migration.example.com/gpu-node"
+
+
+def is_gpu_node(node: client.V1Node) -> bool:
+    """nvidia.com/gpu capacity (IBM's or the operator's device plugin), GFD's gpu.present label, or a GPU flavor."""
+    labels = node.metadata.labels or {}
+    capacity = {**((node.status and node.status.capacity) or {}), **((node.status and node.status.allocatable) or {})}
+    return (
+        GPU_RESOURCE in capacity
+        or labels.get("nvidia.com/gpu.present") == "true"
+        or labels.get(IKS_FLAVOR_LABEL, "").startswith(GPU_FLAVOR_PREFIXES)
+    )
+
+
+def inventory(
+    api: ApiClient, configured: dict[str, str], worker_ids: dict[str, str], operator_min_version: str,
+    temp_pool: Optional[str] = None,
+) -> tuple[list[str], list[str]]:
+    """(problems, warnings) comparing the cluster's GPU nodes with gpu-migration:nodes (`configured`: name -> stage,
+    `worker_ids`: worker ID -> config name).
+
+    Problems: an unlisted GPU node still on IBM's drivers (kubelet < operator_min_version: it would get the operator
+    next to them), and an `ibm-managed` name that matches no node (its real node would stay unfenced). Warnings: an
+    unlisted GPU node already past IBM's drivers, and a migrated name that matches no node (both happen while a
+    replacement is under way)."""
+    from .versions import version_at_least  # noqa: PLC0415
+    problems, warnings = [], []
+    nodes = client.CoreV1Api(api).list_node().items
+    found: set[str] = set()  # config names with a node (by name, IKS worker ID or this program's annotation)
+    for n in nodes:
+        labels, annotations = n.metadata.labels or {}, n.metadata.annotations or {}
+        name = n.metadata.name
+        owner = (name if name in configured else worker_ids.get(labels.get(IKS_WORKER_ID_LABEL, ""))
+                 or (annotations.get(CONFIG_NAME_ANNOTATION) if annotations.get(CONFIG_NAME_ANNOTATION) in configured
+                     else None))
+        if owner:
+            found.add(owner)
+            continue
+        if not is_gpu_node(n) or (temp_pool and labels.get(IKS_POOL_LABEL) == temp_pool):
+            continue
+        kubelet = n.status.node_info.kubelet_version if n.status and n.status.node_info else None
+        what = (f"GPU node {name} (kubelet {kubelet}, flavor {labels.get(IKS_FLAVOR_LABEL, '?')}) is not listed in "
+                f"gpu-migration:nodes")
+        if not version_at_least(kubelet, operator_min_version):
+            problems.append(f"{what}: it runs IBM-managed drivers and would get the GPU Operator next to them; add "
+                            f"it (stage ibm-managed, workerId {labels.get(IKS_WORKER_ID_LABEL, '?')})")
+        else:
+            # No IBM drivers there, so no fence is needed; most likely the replacement of a listed node whose
+            # replacement was interrupted before OperatorReadiness tied it to its entry. A warning keeps resuming
+            # possible.
+            warnings.append(f"{what}; add it with its stage (or, if it replaced a listed node, update that entry's "
+                            "name)")
+    for name, stage in configured.items():
+        if name not in found:
+            if stage == "ibm-managed":
+                problems.append(f"node {name} in gpu-migration:nodes (stage ibm-managed) matches no node in the "
+                                "cluster; fix its name (`kubectl get nodes`)")
+            else:
+                warnings.append(f"node {name} in gpu-migration:nodes matches no node in the cluster (stage {stage}; "
+                                "fine while its worker is being replaced, else fix its name)")
+    return problems, warnings

@@ -22,6 +22,7 @@ from .waiting import Interrupted, WaitTimeout, optional_float, wait_for  # noqa:
 
 VERIFICATION_ANNOTATION = "migration.example.com/gpu-verification"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+CORDON_ANNOTATION = "migration.example.com/cordoned-for"  # see node_switch
 ROLLBACK_COMMAND = ["sh", "-c", "nvidia-smi -L"]
 ROLLBACK_APP = "gpu-rollback-check"
 ROLLBACK_NODE_LABEL = "migration.example.com/rollback-node"  # finds a check pod left by an interrupted run
@@ -112,11 +113,12 @@ def _wait_until_no_problems(what: str, check, props: dict[str, Any], default_tim
 
 
 class _DraPreflightProvider(_Provider):
-    rerun_on = ("driver", "extended_resource", "dra_nodes", "all_nodes", "device_plugin_resource")
+    rerun_on = ("driver", "extended_resource", "dra_nodes", "all_nodes", "device_plugin_resource", "device_class")
 
     def run(self, api, p):
         check = lambda: kube_checks.preflight(api, p["driver"], p["extended_resource"], p["dra_nodes"], p["all_nodes"],
-                                              p.get("device_plugin_resource") or kube_checks.GPU_RESOURCE)
+                                              p.get("device_plugin_resource") or kube_checks.GPU_RESOURCE,
+                                              p.get("device_class"))
         _wait_until_no_problems(f"DRA preflight for driver {p['driver']}", check, p, 1800)
         return {"checked_nodes": sorted(p["dra_nodes"])}
 
@@ -137,11 +139,12 @@ class DraPreflight(Resource, module="gpu-migration", name="DraPreflight"):
         timeout: pulumi.Input[float],
         poll_interval: pulumi.Input[float],
         device_plugin_resource: pulumi.Input[Optional[str]] = None,  # also checked for double offering
+        device_class: pulumi.Input[Optional[str]] = None,  # the one class that may map extended_resource
         opts: Optional[pulumi.ResourceOptions] = None,
     ):
         props = dict(kubeconfig=kubeconfig, driver=driver, extended_resource=extended_resource, dra_nodes=dra_nodes,
-                     all_nodes=all_nodes, device_plugin_resource=device_plugin_resource, timeout=timeout,
-                     poll_interval=poll_interval, checked_nodes=None)
+                     all_nodes=all_nodes, device_plugin_resource=device_plugin_resource, device_class=device_class,
+                     timeout=timeout, poll_interval=poll_interval, checked_nodes=None)
         super().__init__(_DraPreflightProvider(), name, props, opts)
 
 
@@ -162,10 +165,67 @@ def _wait_for_pod_end(api, namespace: str, name: str, uid: Optional[str], props:
         phase = pod.status.phase if pod.status else None
         unschedulable = [c for c in (pod.status.conditions or []) if pod.status
                          if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"]
-        state = f"phase {phase}" + "".join(f", unschedulable: {c.message}" for c in unschedulable)
-        return phase in kube_checks.TERMINAL or bool(unschedulable), pod, state
+        stuck = stuck_containers(pod)
+        state = (f"phase {phase}" + "".join(f", unschedulable: {c.message}" for c in unschedulable)
+                 + "".join(f", {s}" for s in stuck))
+        return phase in kube_checks.TERMINAL or bool(unschedulable) or bool(stuck), pod, state
 
     return wait_for(f"pod {namespace}/{name} to finish", poll, **_timing(props, default))
+
+
+# Waiting reasons that do not clear up by themselves (kubernetes pkg/kubelet/images: ErrImagePull, ImagePullBackOff,
+# ErrImageNeverPull, InvalidImageName; pkg/kubelet/kuberuntime: CreateContainerConfigError): reported at once.
+STUCK_REASONS = ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
+                 "CreateContainerConfigError")
+
+
+def stuck_containers(pod) -> list[str]:
+    statuses = [*((pod.status.init_container_statuses or []) if pod.status else []),
+                *((pod.status.container_statuses or []) if pod.status else [])]
+    return [f"container {c.name} {c.state.waiting.reason}: {c.state.waiting.message or ''}".rstrip(": ")
+            for c in statuses if c.state and c.state.waiting and c.state.waiting.reason in STUCK_REASONS]
+
+
+def _recreate_pod(api, namespace: str, name: str) -> str:
+    """Replace a finished pod by a fresh copy of its spec (same name); returns the new uid. A failed smoke test is
+    re-run by the next `pulumi up` this way, without waiting for the Pod resource to change."""
+    core = client.CoreV1Api(api)
+    old = core.read_namespaced_pod(name, namespace)
+    spec = api.sanitize_for_serialization(old.spec)
+    spec.pop("nodeName", None)  # let the scheduler place (and DRA allocate for) the new pod
+    meta = {k: v for k, v in api.sanitize_for_serialization(old.metadata).items()
+            if k in ("name", "namespace", "labels", "annotations")}
+    core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+    def gone():
+        try:
+            core.read_namespaced_pod(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return True, None, "deleted"
+            raise
+        return False, None, "still terminating"
+
+    wait_for(f"old pod {namespace}/{name} to be deleted", gone, timeout=120, interval=1)
+    return core.create_namespaced_pod(namespace, {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                                                  "spec": spec}).metadata.uid
+
+
+def _current_uid(api, namespace: str, name: str) -> Optional[str]:
+    try:
+        return client.CoreV1Api(api).read_namespaced_pod(name, namespace).metadata.uid
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def _last_record(api, node: str) -> dict[str, Any]:
+    raw = (client.CoreV1Api(api).read_node(node).metadata.annotations or {}).get(VERIFICATION_ANNOTATION)
+    try:
+        return json.loads(raw) if raw else {}
+    except json.JSONDecodeError:
+        return {}
 
 
 class _SmokeTestVerificationProvider(_Provider):
@@ -173,22 +233,54 @@ class _SmokeTestVerificationProvider(_Provider):
 
     def run(self, api, p):
         node, pod = p["node"], f"{p['namespace']}/{p['pod_name']}"
+        uid = p.get("pod_uid")
+        last, current = _last_record(api, node), _current_uid(api, p["namespace"], p["pod_name"])
+        if current and last.get("pod") == pod and last.get("podUid") == current:
+            # The pod judged by an earlier `up` (the Pod resource's, or one this provider re-created).
+            uid = current
+            if last.get("result") == "failed":
+                pulumi.log.info(f"node {node}: smoke pod {pod} failed before; replacing it to run the test again")
+                uid = _recreate_pod(api, p["namespace"], p["pod_name"])
         try:
-            _wait_for_pod_end(api, p["namespace"], p["pod_name"], p.get("pod_uid"), p, 600)
-            result = kube_checks.verify_smoke(
-                api, p["namespace"], p["pod_name"], node, p["driver"], p["extended_resource"]
-            )
+            ended = _wait_for_pod_end(api, p["namespace"], p["pod_name"], uid, p, 600)
+            stuck = stuck_containers(ended)
+            if stuck:
+                result = kube_checks.SmokeResult(problems=[f"criterion 4 (GPU operation): pod {pod} {s}"
+                                                           for s in stuck])
+            else:
+                result = kube_checks.verify_smoke(api, p["namespace"], p["pod_name"], node, p["driver"],
+                                                  p["extended_resource"], p.get("dra_namespace"))
         except WaitTimeout as e:
             result = kube_checks.SmokeResult(problems=[f"criterion 4 (GPU operation): {e}"])
         passed = not result.problems
         note = _record(api, node, {"path": "dra", "result": "passed" if passed else "failed", "pod": pod,
-                                   "gpu": result.gpu_uuid, "device": result.device, "problems": result.problems})
+                                   "podUid": uid, "gpu": result.gpu_uuid, "device": result.device,
+                                   "problems": result.problems})
         if not passed:
-            raise CheckFailed(f"smoke test {pod} on node {node} failed:{_bullets(result.problems)}"
-                              + (f"\n{note}" if note else ""))
+            # The next `up` knows this pod failed only from the record; without it, it would judge the pod again.
+            rerun = ("it replaces the pod and judges the new one" if not note else
+                     f"as the result was not recorded, replace the pod yourself: `pulumi up --replace <URN of "
+                     f"smoke-{p['pod_name'].removeprefix(names.SMOKE_POD_PREFIX)}>`")
+            raise CheckFailed(
+                f"smoke test {pod} on node {node} failed:{_bullets(result.problems)}\n"
+                f"node {node} stays cordoned. Fix the cause and run `pulumi up` again: {rerun}"
+                + (f"\n{note}" if note else "")
+            )
         summary = f"passed: {pod} used {result.device} ({result.gpu_uuid}) via {result.claim}"
+        try:
+            if _uncordon_if_ours(api, node):
+                summary += f"; node {node} uncordoned"
+        except Exception as e:
+            raise CheckFailed(
+                f"smoke test {summary}, but uncordoning node {node} failed: {_short(e)}\n"
+                f"run `pulumi up` again (it judges the same pod again) or `kubectl uncordon {node}`") from e
         pulumi.log.info(f"node {node}: smoke test {summary}")
         return {"gpu_uuid": result.gpu_uuid, "device": result.device, "claim": result.claim, "result": summary}
+
+
+def _uncordon_if_ours(api, node: str) -> bool:
+    from .node_switch import uncordon_if_ours  # noqa: PLC0415 (node_switch imports this module)
+    return uncordon_if_ours(api, node)
 
 
 class SmokeTestVerification(Resource, module="gpu-migration", name="SmokeTestVerification"):
@@ -211,11 +303,12 @@ class SmokeTestVerification(Resource, module="gpu-migration", name="SmokeTestVer
         extended_resource: pulumi.Input[str],
         timeout: pulumi.Input[float],
         poll_interval: pulumi.Input[float],
+        dra_namespace: pulumi.Input[Optional[str]] = None,  # criterion 2 reads the DRA kubelet plugin's log there
         opts: Optional[pulumi.ResourceOptions] = None,
     ):
         props = dict(kubeconfig=kubeconfig, namespace=namespace, pod_name=pod_name, pod_uid=pod_uid, node=node,
-                     driver=driver, extended_resource=extended_resource, timeout=timeout, poll_interval=poll_interval,
-                     gpu_uuid=None, device=None, claim=None, result=None)
+                     driver=driver, extended_resource=extended_resource, dra_namespace=dra_namespace, timeout=timeout,
+                     poll_interval=poll_interval, gpu_uuid=None, device=None, claim=None, result=None)
         super().__init__(_SmokeTestVerificationProvider(), name, props, opts)
 
 
@@ -223,11 +316,15 @@ class SmokeTestVerification(Resource, module="gpu-migration", name="SmokeTestVer
 
 
 class _OperatorReadinessProvider(_Provider):
-    rerun_on = ("node", "stage", "namespace", "driver", "device_plugin_resource")
+    rerun_on = ("node", "stage", "namespace", "driver", "device_plugin_resource", "dra_namespace")
 
     def run(self, api, p):
+        if p.get("config_name"):  # lets GpuNodeInventory tie a replaced node (new name) to its config entry
+            body = {"metadata": {"annotations": {kube_checks.CONFIG_NAME_ANNOTATION: p["config_name"]}}}
+            client.CoreV1Api(api).patch_node(p["node"], body)
         resource = p.get("device_plugin_resource") or kube_checks.GPU_RESOURCE
-        check = lambda: kube_checks.operator_ready(api, p["node"], p["namespace"], p["stage"], p.get("driver"), resource)
+        check = lambda: kube_checks.operator_ready(api, p["node"], p["namespace"], p["stage"], p.get("driver"), resource,
+                                                   p.get("dra_namespace"))
         _wait_until_no_problems(f"GPU Operator on node {p['node']} ({p['stage']})", check, p, 1800)
         return {"ready": True}
 
@@ -248,11 +345,14 @@ class OperatorReadiness(Resource, module="gpu-migration", name="OperatorReadines
         poll_interval: pulumi.Input[float],
         driver: pulumi.Input[Optional[str]] = None,  # dra stage: count only this driver's devices
         device_plugin_resource: pulumi.Input[Optional[str]] = None,  # device-plugin stage: default nvidia.com/gpu
+        dra_namespace: pulumi.Input[Optional[str]] = None,  # dra stage: the DRA kubelet plugin pod must be Ready
+        config_name: Optional[str] = None,  # the node's name in gpu-migration:nodes, recorded on the node
         opts: Optional[pulumi.ResourceOptions] = None,
     ):
         props = dict(kubeconfig=kubeconfig, node=node, stage=stage, namespace=namespace, driver=driver,
-                     device_plugin_resource=device_plugin_resource, timeout=timeout, poll_interval=poll_interval,
-                     ready=None)
+                     device_plugin_resource=device_plugin_resource, dra_namespace=dra_namespace,
+                     config_name=config_name, timeout=timeout,
+                     poll_interval=poll_interval, ready=None)
         super().__init__(_OperatorReadinessProvider(), name, props, opts)
 
 
@@ -260,19 +360,30 @@ class OperatorReadiness(Resource, module="gpu-migration", name="OperatorReadines
 
 
 class _NodeFenceProvider(_Provider):
-    rerun_on = ("node", "labels", "operator_min_version")
+    rerun_on = ("node", "labels", "operator_min_version", "stage")
 
     def run(self, api, p):
-        """Label the node so the GPU Operator skips it while its kubelet predates `operator_min_version`."""
-        core, node = client.CoreV1Api(api), p["node"]
+        """Label the node so the GPU Operator skips it while its kubelet predates `operator_min_version`.
+
+        For an `ibm-managed` node (stage given) the node must exist and still run IBM's drivers: a worker already
+        replaced at >= operator_min_version has no IBM drivers, and fencing it would take its GPUs away."""
+        core, node, ibm_managed = client.CoreV1Api(api), p["node"], p.get("stage") == "ibm-managed"
         try:
             info = core.read_node(node).status.node_info
         except ApiException as e:
             if e.status == 404:
+                if ibm_managed:
+                    raise CheckFailed(f"node {node} (stage ibm-managed in gpu-migration:nodes) matches no node in "
+                                      "the cluster; fix its name (`kubectl get nodes`)") from None
                 return {"fenced": False}  # already replaced under another name
             raise
         kubelet = info.kubelet_version if info else None
         if kubelet and version_at_least(kubelet, p["operator_min_version"]):
+            if ibm_managed:
+                raise CheckFailed(
+                    f"node {node} is set to stage ibm-managed but runs kubelet {kubelet}: its worker was already "
+                    f"replaced and has no IBM-managed drivers; going back to ibm-managed is not supported. Set its "
+                    f"stage to device-plugin (or dra)")
             return {"fenced": False}
         pulumi.log.info(f"node {node} runs kubelet {kubelet} (IBM-managed drivers): fencing it off the GPU Operator "
                         f"until its worker is replaced")
@@ -293,16 +404,19 @@ class NodeFence(Resource, module="gpu-migration", name="NodeFence"):
         node: pulumi.Input[str],
         labels: pulumi.Input[dict],
         operator_min_version: pulumi.Input[str],
+        stage: Optional[str] = None,  # "ibm-managed": the node must exist and still run IBM's drivers
         opts: Optional[pulumi.ResourceOptions] = None,
     ):
         props = dict(kubeconfig=kubeconfig, node=node, labels=labels, operator_min_version=operator_min_version,
-                     fenced=None)
+                     stage=stage, fenced=None)
         super().__init__(_NodeFenceProvider(), name, props, opts)
 
 
 # --- Rollback (dra -> device-plugin) ---------------------------------------------------------------------------------
 
 
+# NodeDrain is superseded by node_switch.NodePathSwitch; kept so stacks that still hold one can delete it (dynamic
+# providers are loaded from state by module path and class name).
 class _NodeDrainProvider(_Provider):
     rerun_on = ("node", "pilot_label", "extended_resource")
 
@@ -357,7 +471,7 @@ def rollback_selector(node: str) -> str:
 
 
 def rollback_pod(node: str, extended_resource: str, image: str, command: list[str],
-                 deadline: Optional[float] = None) -> dict[str, Any]:
+                 deadline: Optional[float] = None, tolerations: Sequence[dict] = ()) -> dict[str, Any]:
     one = {extended_resource: "1"}
     return {
         "apiVersion": "v1",
@@ -371,7 +485,8 @@ def rollback_pod(node: str, extended_resource: str, image: str, command: list[st
             **({"activeDeadlineSeconds": max(1, math.ceil(deadline))} if deadline else {}),
             "nodeSelector": {"kubernetes.io/hostname": node},
             # The node is cordoned until this pod passes.
-            "tolerations": [{"key": UNSCHEDULABLE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+            "tolerations": [{"key": UNSCHEDULABLE_TAINT, "operator": "Exists", "effect": "NoSchedule"},
+                            *tolerations],
             "containers": [{"name": "smoke", "image": image, "command": command,
                             "resources": {"requests": one, "limits": one}}],
         },
@@ -413,6 +528,7 @@ class _RollbackVerificationProvider(_Provider):
             ) from None
         try:
             _set_unschedulable(api, node, False)
+            client.CoreV1Api(api).patch_node(node, {"metadata": {"annotations": {CORDON_ANNOTATION: None}}})
         except Exception as e:
             raise CheckFailed(f"rollback of node {node} to the device plugin passed (GPU {gpu_uuid}), but uncordoning "
                               f"it failed: {_short(e)}\nrun `kubectl uncordon {node}` or `pulumi up` again") from e
@@ -434,7 +550,8 @@ class _RollbackVerificationProvider(_Provider):
                 raise
         _delete_rollback_pods(core, ns, node)  # left by an earlier run that was killed
         timing = _timing(p, 600)
-        body = rollback_pod(node, resource, p["image"], p.get("command") or ROLLBACK_COMMAND, timing["timeout"])
+        body = rollback_pod(node, resource, p["image"], p.get("command") or ROLLBACK_COMMAND, timing["timeout"],
+                            p.get("tolerations") or [])
         name = core.create_namespaced_pod(ns, body).metadata.name
         try:
             pod = _wait_for_pod_end(api, ns, name, None, p, 600)
@@ -482,9 +599,101 @@ class RollbackVerification(Resource, module="gpu-migration", name="RollbackVerif
         timeout: pulumi.Input[float],
         poll_interval: pulumi.Input[float],
         command: Optional[pulumi.Input[Sequence[str]]] = None,  # default: nvidia-smi -L
+        tolerations: Optional[Sequence[dict]] = None,  # the GPU nodes' taints
         opts: Optional[pulumi.ResourceOptions] = None,
     ):
         props = dict(kubeconfig=kubeconfig, node=node, rolling_back=rolling_back, extended_resource=extended_resource,
-                     image=image, namespace=namespace, command=command, timeout=timeout, poll_interval=poll_interval,
-                     gpu_uuid=None, result=None)
+                     image=image, namespace=namespace, command=command, tolerations=list(tolerations or []),
+                     timeout=timeout, poll_interval=poll_interval, gpu_uuid=None, result=None)
         super().__init__(_RollbackVerificationProvider(), name, props, opts)
+
+
+# --- GPU nodes of the cluster vs. the config (before the GPU Operator) --------------------------------------------
+
+
+class _EveryUp(_Provider):
+    """A read-only check that runs again on every `up` (shown as an update): the cluster changes between runs."""
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        return DiffResult(changes=True, replaces=[], delete_before_replace=False)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        with _client(news.get("kubeconfig")) as api:
+            return UpdateResult(outs={**news, **self.run(api, news)})
+
+
+class _GpuNodeInventoryProvider(_EveryUp):
+    rerun_on = ("configured", "worker_ids", "operator_min_version", "temp_pool")
+
+    def run(self, api, p):
+        problems, warnings = kube_checks.inventory(api, p["configured"], p["worker_ids"], p["operator_min_version"],
+                                                   p.get("temp_pool"))
+        for w in warnings:
+            pulumi.log.warn(w)
+        if problems:
+            raise CheckFailed(f"GPU nodes in the cluster don't match gpu-migration:nodes; nothing was installed:"
+                              f"{_bullets(problems)}")
+        return {"checked": sorted(p["configured"])}
+
+
+class GpuNodeInventory(Resource, module="gpu-migration", name="GpuNodeInventory"):
+    """Every GPU node of the cluster is listed in the config and every listed ibm-managed node exists; runs before
+    the GPU Operator, so it never lands next to IBM's drivers on a node the config forgot."""
+
+    checked: pulumi.Output[list[str]]
+
+    def __init__(self, name: str, kubeconfig: pulumi.Input[Optional[str]], configured: dict[str, str],
+                 worker_ids: dict[str, str], operator_min_version: str, temp_pool: Optional[str] = None,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        props = dict(kubeconfig=kubeconfig, configured=configured, worker_ids=worker_ids,
+                     operator_min_version=operator_min_version, temp_pool=temp_pool, checked=None)
+        super().__init__(_GpuNodeInventoryProvider(), name, props, opts)
+
+
+# --- the runbook's operator checks -----------------------------------------------------------------------------------
+
+
+class _OperandPlacementProvider(_EveryUp):
+    rerun_on = ("namespace", "fenced")
+
+    def run(self, api, p):
+        problems = kube_checks.operand_placement_problems(api, p["namespace"], p["fenced"])
+        if problems:
+            raise CheckFailed(f"GPU Operator pods run on nodes with IBM-managed drivers:{_bullets(problems)}\n"
+                              "stop: uninstall or fix the fence labels before going on")
+        return {"checked": sorted(p["fenced"])}
+
+
+class OperandPlacement(Resource, module="gpu-migration", name="OperandPlacement"):
+    """No driver, device plugin, container toolkit or DCGM exporter pod on a fenced or ibm-managed node."""
+
+    checked: pulumi.Output[list[str]]
+
+    def __init__(self, name: str, kubeconfig: pulumi.Input[Optional[str]], namespace: str,
+                 fenced: pulumi.Input[Sequence[pulumi.Input[str]]], opts: Optional[pulumi.ResourceOptions] = None):
+        props = dict(kubeconfig=kubeconfig, namespace=namespace, fenced=fenced, checked=None)
+        super().__init__(_OperandPlacementProvider(), name, props, opts)
+
+
+class _PendingGpuPodsProvider(_Provider):
+    rerun_on = ("node", "resources", "gate")
+
+    def run(self, api, p):
+        pending = kube_checks.pending_gpu_pods(api, p["resources"])
+        if pending and p.get("gate"):
+            raise CheckFailed(f"after node {p['node']}, GPU pods are still Pending (pendingGpuPodsGate is true):"
+                              f"{_bullets(pending)}")
+        if pending:
+            pulumi.log.warn(f"after node {p['node']}, GPU pods still Pending:{_bullets(pending)}")
+        return {"pending": pending}
+
+
+class PendingGpuPods(Resource, module="gpu-migration", name="PendingGpuPods"):
+    """After a node: the GPU pods still Pending, with their scheduling reason (a gate with pendingGpuPodsGate)."""
+
+    pending: pulumi.Output[list[str]]
+
+    def __init__(self, name: str, kubeconfig: pulumi.Input[Optional[str]], node: pulumi.Input[str],
+                 resources: list[str], gate: bool, opts: Optional[pulumi.ResourceOptions] = None):
+        props = dict(kubeconfig=kubeconfig, node=node, resources=resources, gate=gate, pending=None)
+        super().__init__(_PendingGpuPodsProvider(), name, props, opts)

@@ -1,13 +1,17 @@
 """Declares the whole migration for one stack from its validated config.
 
 Order of operations (enforced with depends_on):
-  master version -> [temporary GPU pool] -> for each node past `ibm-managed`, one at a time:
-  fence -> worker replacement -> labels -> operator readiness -> next node.
-  `ibm-managed` labels + fences of nodes awaiting replacement -> GPU Operator (never next to IBM's drivers).
-  `dra` labels + DRA driver + DeviceClass -> preflight -> smoke Pods -> smoke verification.
-  Rollback (`dra` -> `device-plugin`): drain -> labels -> verification on the device-plugin path.
-  Optional hooks (config `hooks`): beforeReplace before a node's replacement and drain, afterVerification after its
-  readiness (and smoke verification on `dra`).
+  GPU node inventory (every GPU node of the cluster listed) -> master version -> [temporary GPU pool] ->
+  for each node past `ibm-managed`, one at a time:
+  fence -> [beforeReplace hook] -> worker replacement -> path switch (node_switch) -> operator readiness ->
+  pending GPU pods -> next node.
+  Inventory + `ibm-managed` fences and labels + fences of nodes awaiting replacement -> GPU Operator (never next to
+  IBM's drivers) -> operand placement check.
+  Master -> DRA driver + DeviceClass; `dra` switches + readiness -> preflight -> smoke Pods -> smoke verification
+  (which uncordons). Rollback (`dra` -> `device-plugin`): path switch -> verification on the device-plugin path.
+  Optional hooks (config `hooks`): beforeReplace before a node's replacement and path switch (which drains),
+  afterVerification after everything that verifies the node (switch, readiness, operand placement, pending GPU pods,
+  rollback check, smoke verification on `dra`).
 """
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -15,7 +19,7 @@ from typing import Any, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from . import charts, dra, hooks, iks_providers, kube_providers, node_labels, smoke_test
+from . import charts, dra, hooks, iks_providers, kube_providers, node_labels, node_switch, smoke_test
 from .config import MIN_MINOR, MigrationConfig, Node
 
 OPERATOR_MIN_VERSION = f"1.{MIN_MINOR['device-plugin']}"  # workers below it still run IBM-managed drivers
@@ -30,6 +34,8 @@ class Declared:
     dra_driver: Any = None
     device_class: Any = None
     preflight: Any = None
+    inventory: Any = None
+    operand_placement: Any = None
     nodes: dict[str, "GpuNode"] = field(default_factory=dict)
 
 
@@ -40,11 +46,23 @@ class GpuNode(pulumi.ComponentResource):
         super().__init__("gpu-migration:index:GpuNode", node.name, {"stage": node.stage})
         self.node, self.cfg, self.ctx = node, cfg, ctx
         self.hostname: pulumi.Input[str] = node.name
-        self.fence = self.replacement = self.drain = self.rollback = self.readiness = None
+        self.fence = self.replacement = self.rollback = self.readiness = None
+        self.switch = self.pending = self.labels = self.placement = None
         self.smoke_pod = self.verification = None
         self.before_hook = self.after_hook = None
         if node.stage == "ibm-managed":
-            self.labels = self._labels([])
+            # The fence refuses a node already replaced (no IBM drivers) or missing, then sets both runbook labels
+            # once; the NodePatch keeps only deploy.operands=false (see node_labels).
+            self.fence = kube_providers.NodeFence(
+                f"{node.name}-fence",
+                kubeconfig=cfg.kubeconfig,
+                node=node.name,
+                labels=node_labels.IBM_MANAGED_LABELS,
+                operator_min_version=OPERATOR_MIN_VERSION,
+                stage="ibm-managed",
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            self.labels = self._labels([self.fence])
         else:
             # Until its worker is replaced the node still runs IBM's drivers: keep the GPU Operator off it.
             # (The replacement is a new Node object without these labels, so nothing has to remove them.)
@@ -70,8 +88,9 @@ class GpuNode(pulumi.ComponentResource):
         after: list[pulumi.Resource],
         readiness_deps: list[pulumi.Resource],
         other_worker_ids: list[pulumi.Input[str]],
+        fenced: Optional[pulumi.Input[list[str]]] = None,
     ) -> None:
-        """Replace the worker (after `after`), label it for its stage, roll back from dra if needed, check readiness."""
+        """Replace the worker (after `after`), switch it to its stage's path, verify a rollback, check readiness."""
         node, cfg, ctx, t = self.node, self.cfg, self.ctx, self.cfg.timeouts
         self.before_hook = hooks.node_hook(
             "before-replace", cfg.hooks.before_replace, node, node.name, node.worker_id,
@@ -96,34 +115,34 @@ class GpuNode(pulumi.ComponentResource):
         self.hostname = self.replacement.node_name
         self.hostname.apply(lambda actual: _warn_renamed(node, actual))
 
-        label_deps: list[pulumi.Resource] = [self.replacement]
+        # Device plugin <-> DRA, step by step (never both paths at once); a no-op when the node is already there.
+        self.switch = node_switch.NodePathSwitch(
+            f"{node.name}-switch",
+            kubeconfig=cfg.kubeconfig,
+            node=self.hostname,
+            target=node.stage,
+            pilot_label=cfg.pilot_label,
+            device_plugin_resource=cfg.device_plugin_resource,
+            extended_resource=cfg.extended_resource_name,
+            driver=cfg.dra_driver_name,
+            drain_timeout=t.drain,
+            switch_timeout=t.path_switch,
+            poll_interval=t.poll_interval,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.replacement, *filter(None, [self.before_hook])]),
+        )
         if node.stage == "device-plugin":
-            # Rollback from dra: cordon and let GPU pods finish before the labels switch (no-op otherwise).
-            self.drain = kube_providers.NodeDrain(
-                f"{node.name}-drain",
-                kubeconfig=cfg.kubeconfig,
-                node=self.hostname,
-                pilot_label=cfg.pilot_label,
-                extended_resource=cfg.extended_resource_name,
-                timeout=t.drain,
-                poll_interval=t.poll_interval,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.replacement]),
-            )
-            label_deps.append(self.drain)
-        self.labels = self._labels(label_deps)
-
-        if self.drain is not None:
             self.rollback = kube_providers.RollbackVerification(
                 f"{node.name}-rollback",
                 kubeconfig=cfg.kubeconfig,
                 node=self.hostname,
-                rolling_back=self.drain.rolling_back,
+                rolling_back=self.switch.rolling_back,
                 extended_resource=cfg.device_plugin_resource,  # the check pod must get its GPU from the plugin
                 image=cfg.smoke_test.image,
                 namespace=cfg.smoke_test.namespace,
                 timeout=t.smoke_test,
                 poll_interval=t.poll_interval,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.labels]),
+                tolerations=cfg.tolerations,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.switch]),
             )
 
         # Operand pods up and GPUs allocatable on the replaced node; the next node waits for this.
@@ -135,11 +154,30 @@ class GpuNode(pulumi.ComponentResource):
             namespace=cfg.gpu_operator.namespace,
             driver=cfg.dra_driver_name,
             device_plugin_resource=cfg.device_plugin_resource,
+            dra_namespace=cfg.dra_driver.namespace if node.stage == "dra" else None,
+            config_name=node.name,
             timeout=t.operator_ready,
             poll_interval=t.poll_interval,
             opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[self.labels, *readiness_deps, *filter(None, [self.replacement, self.rollback])]
+                parent=self, depends_on=[self.switch, *readiness_deps, *filter(None, [self.replacement, self.rollback])]
             ),
+        )
+        # Operands start asynchronously after the install: check their placement again once this node is ready.
+        checked: list[pulumi.Resource] = [self.readiness]
+        if fenced is not None:
+            self.placement = kube_providers.OperandPlacement(
+                f"{node.name}-operand-placement", kubeconfig=cfg.kubeconfig, namespace=cfg.gpu_operator.namespace,
+                fenced=fenced, opts=pulumi.ResourceOptions(parent=self, depends_on=[self.readiness]),
+            )
+            checked = [self.placement]
+        # The runbook expects Pending GPU workloads to run once the node's driver is in: report (or gate on) them.
+        self.pending = kube_providers.PendingGpuPods(
+            f"{node.name}-pending-gpu-pods",
+            kubeconfig=cfg.kubeconfig,
+            node=self.hostname,
+            resources=sorted({cfg.device_plugin_resource, cfg.extended_resource_name}),
+            gate=cfg.pending_gpu_pods_gate,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=checked),
         )
 
     def declare_smoke_test(self, cfg: MigrationConfig, ctx: "Context", deps: list[pulumi.Resource]) -> None:
@@ -149,6 +187,7 @@ class GpuNode(pulumi.ComponentResource):
             cfg.smoke_test,
             cfg.extended_resource_name,
             cfg.pilot_label_pair,
+            tolerations=cfg.tolerations,
             opts=pulumi.ResourceOptions(parent=self, provider=ctx.k8s_provider, depends_on=deps),
         )
         t = cfg.timeouts
@@ -161,6 +200,7 @@ class GpuNode(pulumi.ComponentResource):
             node=self.hostname,
             driver=cfg.dra_driver_name,
             extended_resource=cfg.extended_resource_name,
+            dra_namespace=cfg.dra_driver.namespace,
             timeout=t.smoke_test,
             poll_interval=t.poll_interval,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.smoke_pod]),
@@ -168,8 +208,10 @@ class GpuNode(pulumi.ComponentResource):
 
 
     def declare_after_hook(self) -> None:
-        """After everything that verifies this node: readiness, rollback check, smoke verification."""
-        checks = [r for r in (self.readiness, self.rollback, self.verification) if r is not None]
+        """After everything that verifies this node: its path switch, readiness, operand placement, pending GPU pods,
+        rollback check, smoke verification."""
+        checks = [r for r in (self.switch, self.readiness, self.placement, self.pending, self.rollback,
+                              self.verification) if r is not None]
         self.after_hook = hooks.node_hook(
             "after-verification", self.cfg.hooks.after_verification, self.node, self.hostname,
             self.replacement.new_worker_id, opts=pulumi.ResourceOptions(parent=self, depends_on=checks),
@@ -207,6 +249,29 @@ def declare(cfg: MigrationConfig) -> Declared:
     t = cfg.timeouts
 
     # The master must be at the target version before any worker is replaced.
+    # Every GPU node of the cluster must be in the config before anything changes (never the operator next to IBM's
+    # drivers on a node the config forgot).
+    out.inventory = kube_providers.GpuNodeInventory(
+        "gpu-node-inventory",
+        kubeconfig=cfg.kubeconfig,
+        configured={n.name: n.stage for n in cfg.nodes},
+        worker_ids={n.worker_id: n.name for n in cfg.nodes},
+        operator_min_version=OPERATOR_MIN_VERSION,
+        temp_pool=cfg.temp_gpu_pool.name if cfg.temp_gpu_pool.enabled else None,
+    )
+    if not cfg.one_name_on_both_paths:
+        pulumi.log.warn(
+            f"extendedResourceName {cfg.extended_resource_name} differs from devicePluginResourceName "
+            f"{cfg.device_plugin_resource}: pods must request {cfg.extended_resource_name} to land on dra nodes and "
+            f"{cfg.device_plugin_resource} elsewhere; only nvidia.com/gpu gives one name on both paths")
+    # DRA driver values are checked (and the DeviceClass decided) before anything is declared: errors at preview.
+    dra_nodes_configured = bool(cfg.nodes_in("dra"))
+    own_class = True
+    if dra_nodes_configured:
+        values = charts.dra_values(cfg.dra_driver, cfg.pilot_label_pair, cfg.tolerations)
+        own_class = dra.own_class_needed(cfg.extended_resource_name, cfg.dra_driver_name, cfg.device_selectors,
+                                         charts.chart_class_maps(cfg.dra_driver, values))
+
     out.master = iks_providers.MasterVersion(
         "master-version",
         cluster=cfg.cluster_name,
@@ -214,8 +279,9 @@ def declare(cfg: MigrationConfig) -> Declared:
         api=ctx.ibm_api,
         timeout=t.master_update,
         poll_interval=t.poll_interval,
+        opts=pulumi.ResourceOptions(depends_on=[out.inventory]),
     )
-    after: list[pulumi.Resource] = [out.master]
+    after: list[pulumi.Resource] = [out.master, out.inventory]
     pool = cfg.temp_gpu_pool
     if pool.enabled:
         out.temp_pool = iks_providers.TempGpuPool(
@@ -237,24 +303,39 @@ def declare(cfg: MigrationConfig) -> Declared:
     # The GPU Operator arrives only once every node still on IBM's drivers is fenced off: ibm-managed nodes by their
     # labels, nodes awaiting replacement by their NodeFence.
     gpu_nodes = [GpuNode(n, cfg, ctx) for n in cfg.nodes]
-    fenced = pulumi.ResourceOptions(depends_on=[n.labels if n.fence is None else n.fence for n in gpu_nodes])
+    fences = [r for n in gpu_nodes for r in (n.fence, n.labels) if r is not None]
+    fenced = pulumi.ResourceOptions(depends_on=[*fences, out.inventory])
     out.gpu_operator = charts.gpu_operator_release(cfg.gpu_operator, opts=pulumi.ResourceOptions.merge(k8s_opts, fenced))
-    readiness_deps: list[pulumi.Resource] = [out.gpu_operator]
-    if cfg.nodes_in("dra"):
-        # Kept while any node is dra; removed (after all updates) once none is.
-        out.dra_driver = charts.dra_driver_release(cfg.dra_driver, cfg.pilot_label_pair, opts=k8s_opts)
-        out.device_class = dra.device_class(
-            cfg.extended_resource_name, cfg.dra_driver_name, cfg.device_selectors, opts=k8s_opts
-        )
+    # The runbook's check: no operand pods on nodes that keep IBM's drivers (ibm-managed, or fenced until replaced).
+    fenced_names = pulumi.Output.all(*[
+        pulumi.Output.from_input(n.node.name) if n.node.stage == "ibm-managed"
+        else n.fence.fenced.apply(lambda f, name=n.node.name: name if f else None)
+        for n in gpu_nodes
+    ]).apply(lambda names: sorted(filter(None, names)))
+    out.operand_placement = kube_providers.OperandPlacement(
+        "operand-placement", kubeconfig=cfg.kubeconfig, namespace=cfg.gpu_operator.namespace, fenced=fenced_names,
+        opts=pulumi.ResourceOptions(depends_on=[out.gpu_operator]),
+    )
+    readiness_deps: list[pulumi.Resource] = [out.gpu_operator, out.operand_placement]
+    if dra_nodes_configured:
+        # Kept while any node is dra; removed (after all updates) once none is. Both need the master at the target
+        # version: resource.k8s.io/v1 DeviceClass.spec.extendedResourceName is dropped by an older API server.
+        after_master = pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[out.master]))
+        out.dra_driver = charts.dra_driver_release(cfg.dra_driver, cfg.pilot_label_pair, opts=after_master,
+                                                   tolerations=cfg.tolerations)
+        if own_class:
+            out.device_class = dra.device_class(
+                cfg.extended_resource_name, cfg.dra_driver_name, cfg.device_selectors, opts=after_master
+            )
         readiness_deps.append(out.dra_driver)
 
     # Nodes past ibm-managed are replaced one at a time, in config order: each waits for the previous one's readiness.
     migrated = [n for n in gpu_nodes if n.node.stage != "ibm-managed"]
     for i, gpu_node in enumerate(migrated):
-        previous = [migrated[i - 1].readiness] if i else []
+        previous = [migrated[i - 1].pending] if i else []
         siblings = [n.worker_id for n in cfg.nodes if n != gpu_node.node]
         siblings += [m.replacement.new_worker_id for m in migrated[:i]]
-        gpu_node.migrate(after + previous, readiness_deps, siblings)
+        gpu_node.migrate(after + previous, readiness_deps, siblings, fenced_names)
     for gpu_node in gpu_nodes:
         gpu_node.register_outputs({"stage": gpu_node.node.stage})
     out.nodes = {n.node.name: n for n in gpu_nodes}
@@ -269,10 +350,11 @@ def declare(cfg: MigrationConfig) -> Declared:
             dra_nodes=[n.hostname for n in dra_nodes],
             all_nodes=[n.hostname for n in out.nodes.values()],
             device_plugin_resource=cfg.device_plugin_resource,
+            device_class=dra.device_class_name(cfg.extended_resource_name) if own_class else charts.CHART_CLASS,
             timeout=t.operator_ready,
             poll_interval=t.poll_interval,
             opts=pulumi.ResourceOptions(
-                depends_on=[out.dra_driver, out.device_class, *(n.labels for n in dra_nodes),
+                depends_on=[out.dra_driver, *filter(None, [out.device_class]), *(n.switch for n in dra_nodes),
                             *(n.readiness for n in dra_nodes)]
             ),
         )

@@ -1,23 +1,30 @@
-"""Per-stage node labels, applied with server-side-apply NodePatch.
+"""Node labels this program sets.
 
-The same GPU must never be offered by both paths, so a `dra` node turns the operator's device plugin off.
-Labels this program owns and no longer lists are removed by server-side apply (e.g. on rollback).
+- `ibm-managed` nodes (and nodes awaiting replacement) carry the runbook's two fence labels. The GPU Operator
+  deletes every GPU state label, `nvidia.com/gpu.deploy.driver` included, from a node with
+  `nvidia.com/gpu.deploy.operands=false` (NVIDIA/gpu-operator v25.10.1 controllers/state_manager.go,
+  updateGPUStateLabels -> removeAllGPUStateLabels; `deploy.operands` itself is not in gpuStateLabels). So only
+  `deploy.operands=false` is declared as a NodePatch (it stays, so `pulumi refresh` + `pulumi up` converge), and
+  `deploy.driver=false` is set once by the NodeFence, which keeps no live state to drift from.
+- Migrated nodes: the pilot label and `nvidia.com/gpu.deploy.device-plugin` are switched step by step by
+  node_switch.NodePathSwitch, never in one patch (a GPU must never be offered on both paths).
 """
 from typing import Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-IBM_MANAGED_LABELS = {"nvidia.com/gpu.deploy.operands": "false", "nvidia.com/gpu.deploy.driver": "false"}
-DEVICE_PLUGIN_OFF = {"nvidia.com/gpu.deploy.device-plugin": "false"}
+OPERANDS_OFF = {"nvidia.com/gpu.deploy.operands": "false"}
+IBM_MANAGED_LABELS = {**OPERANDS_OFF, "nvidia.com/gpu.deploy.driver": "false"}
+DEVICE_PLUGIN_LABEL = "nvidia.com/gpu.deploy.device-plugin"
+DEVICE_PLUGIN_OFF = {DEVICE_PLUGIN_LABEL: "false"}
 
 
 def stage_labels(stage: str, pilot_label: tuple[str, str]) -> dict[str, str]:
+    """Labels declared (NodePatch) for a stage; migrated stages get theirs from NodePathSwitch."""
     if stage == "ibm-managed":
-        return dict(IBM_MANAGED_LABELS)
-    if stage == "dra":
-        return {pilot_label[0]: pilot_label[1], **DEVICE_PLUGIN_OFF}
-    if stage == "device-plugin":
+        return dict(OPERANDS_OFF)
+    if stage in ("dra", "device-plugin"):
         return {}
     raise ValueError(f"unknown stage {stage!r}")
 
@@ -33,7 +40,7 @@ def node_patch(
         metadata=k8s.meta.v1.ObjectMetaPatchArgs(
             name=node_name,
             labels=labels,
-            # Take over labels the GPU Operator set (e.g. gpu.deploy.device-plugin=true).
+            # Take over labels the GPU Operator set.
             annotations={"pulumi.com/patchForce": "true"},
         ),
         opts=opts,

@@ -7,6 +7,8 @@ import pulumi_kubernetes as k8s
 from .config import SmokeTest
 from .names import smoke_pod_name
 
+UNSCHEDULABLE = {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}
+
 
 def smoke_namespace(smoke: SmokeTest, opts: Optional[pulumi.ResourceOptions] = None) -> k8s.core.v1.Namespace:
     return k8s.core.v1.Namespace(
@@ -21,8 +23,12 @@ def smoke_pod(
     extended_resource_name: str,
     pilot_label: tuple[str, str],
     opts: Optional[pulumi.ResourceOptions] = None,
+    tolerations: Optional[list[dict[str, str]]] = None,
 ) -> k8s.core.v1.Pod:
+    """The node stays cordoned (NodePathSwitch) until this pod passed, so it tolerates the cordon, and the GPU nodes'
+    own taints (gpu-migration:gpuTaints)."""
     one_gpu = {extended_resource_name: "1"}
+    tolerate = [UNSCHEDULABLE, *(tolerations or [])]
     return k8s.core.v1.Pod(
         f"smoke-{node_name}",
         metadata=k8s.meta.v1.ObjectMetaArgs(
@@ -35,6 +41,7 @@ def smoke_pod(
         spec=k8s.core.v1.PodSpecArgs(
             restart_policy="Never",
             node_selector={"kubernetes.io/hostname": hostname, pilot_label[0]: pilot_label[1]},
+            tolerations=[k8s.core.v1.TolerationArgs(**t) for t in tolerate],
             containers=[
                 k8s.core.v1.ContainerArgs(
                     name="smoke",

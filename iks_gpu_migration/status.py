@@ -22,7 +22,7 @@ import yaml
 
 from .config import MigrationConfig, NAMESPACE
 from .kube_providers import VERIFICATION_ANNOTATION
-from .node_labels import DEVICE_PLUGIN_OFF, IBM_MANAGED_LABELS
+from .node_labels import DEVICE_PLUGIN_OFF, IBM_MANAGED_LABELS, OPERANDS_OFF
 from .versions import version_at_least
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
@@ -195,7 +195,8 @@ def progress(stage: str, facts: NodeFacts, kube_version: str, pilot: tuple[str, 
     labels = facts.labels
     has = lambda wanted: all(labels.get(k) == v for k, v in wanted.items())
     if stage == "ibm-managed":
-        return [("operator fenced off", has(IBM_MANAGED_LABELS))]
+        # Only deploy.operands=false lasts: the GPU Operator then deletes deploy.driver (see node_labels).
+        return [("operator fenced off", has(OPERANDS_OFF))]
     replaced = ("worker replaced", version_at_least(facts.kubelet, kube_version))
     record = facts.verification or {}
     if stage == "dra":
@@ -204,10 +205,13 @@ def progress(stage: str, facts: NodeFacts, kube_version: str, pilot: tuple[str, 
                 ("smoke test passed", record.get("path") == "dra" and record.get("result") == "passed"),
                 ("schedulable", not facts.cordoned)]
     if stage == "device-plugin":
-        leftovers = {pilot[0], *DEVICE_PLUGIN_OFF, *IBM_MANAGED_LABELS}
+        # No pilot label and no switch left off. The GPU Operator itself labels GPU nodes with deploy.*=true, and a
+        # rollback sets deploy.device-plugin=true explicitly (node_switch): only the "false" values are leftovers.
+        switched_off = {**DEVICE_PLUGIN_OFF, **IBM_MANAGED_LABELS}
+        leftovers = pilot[0] in labels or any(labels.get(k) == v for k, v in switched_off.items())
         offered = _int(facts.allocatable.get(device_plugin_resource)) > 0
         return [replaced,
-                ("device-plugin labels", not leftovers & labels.keys()),
+                ("device-plugin labels", not leftovers),
                 (f"{device_plugin_resource} allocatable", offered),
                 ("schedulable", not facts.cordoned)]
     return []
@@ -249,8 +253,8 @@ def node_status(entry: dict, output: dict, facts: Optional[NodeFacts], config: d
     if facts is None:
         return {**out, "kubeVersion": None, "cordoned": None, "labels": {}, "steps": [], "verification": None}
     pilot_key, _, pilot_value = str(config.get("pilotLabel") or DEFAULTS["pilot_label"]).partition("=")
-    resource = config.get("devicePluginResourceName") or config.get("extendedResourceName") \
-        or DEFAULTS["extended_resource_name"]
+    # The device plugin's name is its own (always under nvidia.com/), not extendedResourceName.
+    resource = config.get("devicePluginResourceName") or DEFAULTS["device_plugin_resource_name"]
     steps = progress(stage, facts, str(config.get("kubeVersion") or ""), (pilot_key, pilot_value), resource)
     shown = {k: facts.labels[k] for k in (pilot_key, *OPERATOR_LABELS) if k in facts.labels}
     return {**out, "kubeVersion": facts.kubelet or None, "cordoned": facts.cordoned, "labels": shown,

@@ -33,6 +33,10 @@ from tests.emulators.kube import KubeEmulator
 DYNAMIC_PREFIX = "pulumi-python:dynamic"
 UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
 OPERATOR_NS = "gpu-operator"
+# gpuStateLabels (container workload) of NVIDIA/gpu-operator v25.10.1 controllers/state_manager.go.
+GPU_STATE_LABELS = {f"nvidia.com/gpu.deploy.{o}" for o in (
+    "driver", "gpu-feature-discovery", "container-toolkit", "device-plugin", "dcgm", "dcgm-exporter",
+    "node-status-exporter", "operator-validator")}
 
 
 # --- timeline --------------------------------------------------------------------------------------------------------
@@ -109,9 +113,9 @@ class RecordingKube(KubeEmulator):
         self.timeline = timeline
         self.cluster_sim: Optional["Cluster"] = None
 
-    def handle(self, method, path, query, body, content_type):
-        status, payload = super().handle(method, path, query, body, content_type)
-        if method != "GET" and status < 300:
+    def handle(self, method, path, query, body, content_type, dry_run=None):
+        status, payload = super().handle(method, path, query, body, content_type, dry_run)
+        if method != "GET" and status < 300 and dry_run != "All":
             self.timeline.add(f"kube {method}", path=path, body=copy.deepcopy(body))
             if self.cluster_sim:
                 self.cluster_sim.reconcile()
@@ -142,6 +146,7 @@ class Cluster:
         self.publish_slices = True  # the DRA driver's kubelet plugin publishes ResourceSlices
         self.smoke_log_uuid: Optional[str] = None  # a GPU the smoke container claims to see (default: allocated)
         self.operator_conflicts: list[str] = []  # operator operands scheduled onto a node with IBM's drivers
+        self.operator_ignores_fence = False  # fault: the operator starts its driver on fenced nodes anyway
         self.owned_labels: dict[tuple[str, str], set[str]] = {}  # (node, field manager) -> label keys (SSA)
         self._ids = itertools.count(1)
         iks.cluster_sim = self
@@ -193,11 +198,18 @@ class Cluster:
         with self.kube.lock:
             for name, node in list(self.kube.nodes.items()):
                 labels = _labels(node)
+                if self.operator is not None and labels.get("nvidia.com/gpu.deploy.operands") == "false":
+                    # NVIDIA/gpu-operator controllers/state_manager.go: updateGPUStateLabels -> removeAllGPUStateLabels
+                    for key in [k for k in labels if k in GPU_STATE_LABELS]:
+                        del labels[key]
+                        self.timeline.add("operator removed label", node=name, label=key)
                 operands = self.operator is not None and labels.get("nvidia.com/gpu.deploy.operands") != "false"
                 if name in self.ibm_driver_nodes:
                     if operands and name not in self.operator_conflicts:
                         self.operator_conflicts.append(name)
                         self.timeline.add("operator operands on a node with IBM drivers", node=name)
+                    if self.operator is not None and self.operator_ignores_fence:
+                        self._operand(name, "nvidia-driver-daemonset", True)
                     continue
                 plugin = operands and labels.get("nvidia.com/gpu.deploy.device-plugin") != "false"
                 self._operand(name, "nvidia-driver-daemonset", operands)
@@ -232,14 +244,22 @@ class Cluster:
             del self.kube.pods[key]
 
     def _slices(self, node: str, wanted: bool) -> None:
+        """The DRA kubelet plugin pod (Ready) and its ResourceSlice on nodes the chart's nodeSelector picks."""
         driver = self.dra_driver_name
         mine = [s for s in self.kube.slices if s["spec"]["nodeName"] == node and s["spec"]["driver"] == driver]
+        plugin = self.kubelet_plugin_pod(node)
         if wanted and not mine:
             self.kube.add_slice(node, driver, {"gpu-0": gpu_uuid(node)})
+            self.kube.add_pod(*plugin, node=node)
             self.timeline.add("slices published", node=node)
         elif not wanted and mine:
             self.kube.slices[:] = [s for s in self.kube.slices if s not in mine]
+            self.kube.pods.pop(plugin, None)
             self.timeline.add("slices withdrawn", node=node)
+
+    def kubelet_plugin_pod(self, node: str) -> tuple[str, str]:
+        namespace = (self.dra_driver or {}).get("namespace") or "nvidia-dra-driver-gpu"
+        return namespace, f"nvidia-dra-driver-gpu-kubelet-plugin-{node}"
 
     # Helm / DeviceClass --------------------------------------------------------------------------------------------
     def install(self, release: str, inputs: Optional[dict]) -> None:
@@ -261,7 +281,7 @@ class Cluster:
         for spec in self.device_classes.values():
             if spec.get("extendedResourceName") == resource:
                 for s in spec.get("selectors") or []:
-                    m = re.fullmatch(r'device\.driver == "([^"]+)"', s["cel"]["expression"])
+                    m = re.match(r'device\.driver == "([^"]+)"', s["cel"]["expression"])
                     if m:
                         return m.group(1)
         return None
@@ -288,8 +308,12 @@ class Cluster:
                 elif devices:
                     path = "dra"
                     claim = f"{name}-extended-resources-{next(self._ids):05d}"
-                    self.kube.add_claim(ns, claim, [{"driver": driver, "pool": node_name, "device": "gpu-0",
-                                                     "request": "container-0-request-0"}])
+                    created = self.kube.add_claim(ns, claim, [{"driver": driver, "pool": node_name, "device": "gpu-0",
+                                                               "request": "container-0-request-0"}])
+                    # The kubelet plugin prepares the claim and logs it (v25.8 format: the claim UID).
+                    plugin_log = self.kubelet_plugin_pod(node_name)
+                    self.kube.logs[plugin_log] = self.kube.logs.get(plugin_log, "") + (
+                        f"Returning newly prepared devices for claim '{created['metadata']['uid']}': [gpu-0]\n")
                     status["extendedResourceClaimStatus"] = {"resourceClaimName": claim, "requestMappings": [
                         {"containerName": spec["containers"][0]["name"], "resourceName": self.er,
                          "requestName": "container-0-request-0"}]}

@@ -37,8 +37,8 @@ def fake_outputs(name: str, inputs: dict[str, Any]) -> dict[str, Any]:
     if name.endswith("-replacement"):
         extra = {"old_worker_id": inputs["worker_id"], "new_worker_id": f"{inputs['worker_id']}-new",
                  "node_name": inputs["node_name"]}
-    elif name.endswith("-drain"):
-        extra = {"rolling_back": False}
+    elif name.endswith("-switch"):
+        extra = {"rolling_back": False, "switched": inputs.get("target") == "dra"}
     elif name.endswith("-smoke-verification"):
         extra = {"result": "passed", "gpu_uuid": "GPU-0000", "device": "gpu-0", "claim": "claim"}
     elif inputs.get("kind") == "Pod":

@@ -13,6 +13,9 @@ A resource that is created or replaced has unknown outputs during preview, so ev
 unknown too (and differs from the old value); the diff is repeated until nothing more changes. Component resources
 (GpuNode) show as updated when their inputs change (pulumi/pulumi pkg/resource/deploy/step_generator.go: diff,
 "no provider").
+Checks that look at the cluster again on every `up` (kube_providers._EveryUp: the GPU node inventory and the operand
+placement checks) always show as updated; they are listed apart, under "every up", so each case shows what the
+config change itself does.
 """
 import base64
 from typing import Any
@@ -66,6 +69,11 @@ def _provider(inputs: dict):
     return dill.loads(base64.b64decode(serialized["value"] if isinstance(serialized, dict) else serialized))
 
 
+def _runs_every_up(inputs: dict) -> bool:
+    from iks_gpu_migration.kube_providers import _EveryUp
+    return "__provider" in inputs and isinstance(_provider(inputs), _EveryUp)
+
+
 def _change(name: str, typ: str, old: dict, new: dict) -> str:
     """'' (no change), '~' (update) or '+-' (replace)."""
     if typ.startswith("pulumi-python:dynamic/"):
@@ -82,7 +90,8 @@ def _change(name: str, typ: str, old: dict, new: dict) -> str:
 
 
 def preview(old_raw: dict, new_raw: dict) -> dict[str, set[str]]:
-    """{"+": creates, "-": deletes, "~": updates, "+-": replaces} by resource name."""
+    """{"+": creates, "-": deletes, "~": updates, "+-": replaces, "every up": updates of checks that run on every
+    `up` whatever changed} by resource name."""
     old = {r.name: r for r in run_program(old_raw).registered}
     run = run_program(new_raw)
     new = {r.name: r for r in run.registered}
@@ -102,7 +111,9 @@ def preview(old_raw: dict, new_raw: dict) -> dict[str, set[str]]:
         if found == changes:
             break
         changes = found
-    out: dict[str, set[str]] = {"+": created, "-": set(old) - set(new), "~": set(), "+-": set()}
+    out: dict[str, set[str]] = {"+": created, "-": set(old) - set(new), "~": set(), "+-": set(), "every up": set()}
     for name, change in changes.items():
-        out[change].add(name)
+        every_up = change == "~" and new[name].typ.startswith("pulumi-python:dynamic/") and _runs_every_up(
+            new[name].inputs)
+        out["every up" if every_up else change].add(name)
     return out

@@ -2,35 +2,34 @@
 import pytest
 
 from iks_gpu_migration import charts, dra, node_labels, smoke_test
-from iks_gpu_migration.config import HelmChart, SmokeTest
+from iks_gpu_migration.config import ConfigError, HelmChart, SmokeTest
 from harness import registered_by
 
 PILOT = ("migration.example.com/gpu-dra", "pilot")
 
 
 @pytest.mark.parametrize("stage, expected", [
-    ("ibm-managed", {"nvidia.com/gpu.deploy.operands": "false", "nvidia.com/gpu.deploy.driver": "false"}),
-    ("dra", {"migration.example.com/gpu-dra": "pilot", "nvidia.com/gpu.deploy.device-plugin": "false"}),
+    # deploy.driver=false is set once by the NodeFence: the operator deletes it (removeAllGPUStateLabels), so a
+    # declared one would come back as a diff after every `pulumi refresh`.
+    ("ibm-managed", {"nvidia.com/gpu.deploy.operands": "false"}),
+    ("dra", {}),  # NodePathSwitch owns the pilot and device-plugin labels
     ("device-plugin", {}),
 ])
 def test_stage_labels(stage, expected):
     assert node_labels.stage_labels(stage, PILOT) == expected
-
-
-def test_dra_node_never_keeps_device_plugin():
-    labels = node_labels.stage_labels("dra", PILOT)
-    assert labels["nvidia.com/gpu.deploy.device-plugin"] == "false"
     with pytest.raises(ValueError, match="unknown stage 'x'"):
         node_labels.stage_labels("x", PILOT)
+    assert node_labels.IBM_MANAGED_LABELS == {"nvidia.com/gpu.deploy.operands": "false",
+                                              "nvidia.com/gpu.deploy.driver": "false"}
 
 
 def test_node_patch_renders_labels_and_forces_ownership():
     registered = registered_by(
-        lambda: node_labels.node_patch("n1-labels", "10.0.0.1", node_labels.stage_labels("dra", PILOT)))
+        lambda: node_labels.node_patch("n1-labels", "10.0.0.1", node_labels.stage_labels("ibm-managed", PILOT)))
     (patch,) = registered
     assert patch.typ == "kubernetes:core/v1:NodePatch"
     assert patch.inputs["metadata"]["name"] == "10.0.0.1"
-    assert patch.inputs["metadata"]["labels"]["migration.example.com/gpu-dra"] == "pilot"
+    assert patch.inputs["metadata"]["labels"] == {"nvidia.com/gpu.deploy.operands": "false"}
     assert patch.inputs["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
 
 
@@ -52,15 +51,53 @@ def test_gpu_operator_release_is_pinned():
     assert release.inputs["atomic"] is True
 
 
+DRA_CHART = dict(chart="nvidia-dra-driver-gpu", version="25.8.1", namespace="nvidia-dra-driver-gpu")
+
+
 def test_dra_driver_kubelet_plugin_only_on_pilot_nodes():
     values = {"kubeletPlugin": {"nodeSelector": {"other": "x"}, "priorityClassName": "p"}, "resources": {"gpus": {"enabled": True}}}
-    registered = registered_by(lambda: charts.dra_driver_release(
-        chart(chart="nvidia-dra-driver-gpu", version="25.8.1", namespace="nvidia-dra-driver-gpu", values=values), PILOT))
+    taint = {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
+    registered = registered_by(lambda: charts.dra_driver_release(chart(**DRA_CHART, values=values), PILOT,
+                                                                 tolerations=[taint]))
     (release,) = registered
     plugin = release.inputs["values"]["kubeletPlugin"]
     assert plugin["nodeSelector"] == {"other": "x", "migration.example.com/gpu-dra": "pilot"}
-    assert plugin["priorityClassName"] == "p" and release.inputs["values"]["resources"] == {"gpus": {"enabled": True}}
+    assert plugin["priorityClassName"] == "p" and plugin["tolerations"] == [taint]
+    # Defaults the chart needs on IKS: GPUs with the override, no ComputeDomain controller.
+    assert release.inputs["values"]["gpuResourcesEnabledOverride"] is True
+    assert release.inputs["values"]["resources"] == {"gpus": {"enabled": True}, "computeDomains": {"enabled": False}}
     assert values["kubeletPlugin"]["nodeSelector"] == {"other": "x"}  # the config's values are not mutated
+
+
+@pytest.mark.parametrize("values, problem", [
+    ({"gpuResourcesEnabledOverride": False}, "gpuResourcesEnabledOverride is not: the chart's "
+                                             "templates/validation.yaml refuses to install"),
+    ({"resources": {"computeDomains": {"enabled": True}}}, "ComputeDomain controller needs a "
+                                                           "node-role.kubernetes.io/control-plane node"),
+    ({"resources": {"gpus": {"enabled": False}}}, "resources.gpus.enabled is not true"),
+])
+def test_dra_driver_values_the_chart_would_refuse_fail_at_preview(values, problem):
+    with pytest.raises(ConfigError) as e:
+        charts.dra_driver_release(chart(**DRA_CHART, values=values), PILOT)
+    assert "gpu-migration:draDriver.values: " in str(e.value) and problem in str(e.value)
+
+
+def test_user_values_may_override_compute_domain_affinity():
+    values = {"resources": {"computeDomains": {"enabled": True}},
+              "controller": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                  "nodeSelectorTerms": [{"matchExpressions": [{"key": "infra", "operator": "Exists"}]}]}}}}}
+    assert charts.dra_values_problems(charts.dra_values(chart(**DRA_CHART, values=values), PILOT, [])) == []
+
+
+def test_chart_class_of_25_12_maps_nvidia_gpu():
+    v = lambda version: charts.chart_class_maps(chart(**{**DRA_CHART, "version": version}), {})
+    assert (v("25.8.1"), v("25.12.0"), v("v26.1.0")) == (None, "nvidia.com/gpu", "nvidia.com/gpu")
+    # Same selector as ours: use the chart's class; otherwise two classes would race for the name.
+    assert dra.own_class_needed("nvidia.com/gpu", "gpu.nvidia.com", [], "nvidia.com/gpu") is False
+    assert dra.own_class_needed("example.com/gpu", "gpu.nvidia.com", [], "nvidia.com/gpu") is True
+    assert dra.own_class_needed("nvidia.com/gpu", "gpu.nvidia.com", [], None) is True
+    with pytest.raises(ConfigError, match="already mapped by the DRA chart's DeviceClass gpu.nvidia.com"):
+        dra.own_class_needed("nvidia.com/gpu", "gpu.nvidia.com", ["device.capacity['x'].memory > 1"], "nvidia.com/gpu")
 
 
 def test_oci_chart_has_no_repository():
@@ -76,7 +113,7 @@ def test_device_class():
     assert dc.inputs["metadata"]["name"] == "example.com-gpu"
     assert dc.inputs["spec"]["extendedResourceName"] == "example.com/gpu"
     assert [s["cel"]["expression"] for s in dc.inputs["spec"]["selectors"]] == [
-        'device.driver == "gpu.example.com"',
+        'device.driver == "gpu.example.com" && device.attributes["gpu.example.com"].type == "gpu"',
         "device.capacity['gpu.example.com'].memory.compareTo(quantity('40Gi')) >= 0",
     ]
 
@@ -90,6 +127,9 @@ def test_smoke_pod():
     assert pod.inputs["metadata"]["namespace"] == "gpu-pilot"
     assert spec["restartPolicy"] == "Never"
     assert spec["nodeSelector"] == {"kubernetes.io/hostname": "10.0.0.1", "migration.example.com/gpu-dra": "pilot"}
+    # The node stays cordoned until the smoke test passed.
+    assert spec["tolerations"] == [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists",
+                                    "effect": "NoSchedule"}]
     resources = spec["containers"][0]["resources"]
     assert resources["requests"] == {"example.com/gpu": "1"} == resources["limits"]
 

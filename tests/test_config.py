@@ -21,16 +21,19 @@ def error_for(raw) -> str:
 def test_pilot_and_prod_stacks_parse():
     for stack in ("pilot", "prod"):
         cfg = parse(stack_config(stack))
-        assert cfg.nodes and cfg.extended_resource_name == "example.com/gpu"
+        # One name on both paths: existing pods keep requesting nvidia.com/gpu.
+        assert cfg.nodes and cfg.extended_resource_name == "nvidia.com/gpu" == cfg.device_plugin_resource
+        assert cfg.one_name_on_both_paths
 
 
 def test_defaults(raw):
-    for key in ("extendedResourceName", "draDriverName", "pilotLabel"):
+    for key in ("extendedResourceName", "devicePluginResourceName", "draDriverName", "pilotLabel"):
         raw.pop(key, None)
     raw["smokeTest"] = {"image": "cuda"}
     cfg = parse(raw)
-    assert cfg.extended_resource_name == "example.com/gpu"
-    assert cfg.dra_driver_name == "gpu.example.com"
+    assert cfg.extended_resource_name == "nvidia.com/gpu" == cfg.device_plugin_resource
+    assert cfg.dra_driver_name == "gpu.nvidia.com"
+    assert cfg.gpu_taints == [] and cfg.pending_gpu_pods_gate is False and cfg.timeouts.path_switch == 300
     assert cfg.pilot_label_pair == ("migration.example.com/gpu-dra", "pilot")
     assert cfg.smoke_test.namespace == "gpu-pilot"
 
@@ -166,10 +169,10 @@ def test_bad_timeouts_are_named(raw, value, expected):
 @pytest.mark.parametrize("value, expected", [
     (0.0001, "0.0001s is too small"),
     (False, "a boolean (false) where a number belongs"),
-    (900, "is not below timeouts.drain (600s)"),
+    (900, "is not below timeouts.drain (200s)"),  # the shortest timeout (pathSwitch defaults to 300)
 ])
 def test_bad_poll_interval_is_named(raw, value, expected):
-    raw["timeouts"] = {"pollInterval": value, "drain": 600}
+    raw["timeouts"] = {"pollInterval": value, "drain": 200}
     message = error_for(raw)
     assert "gpu-migration:timeouts.pollInterval: " in message and expected in message
 
@@ -263,3 +266,36 @@ def test_hooks(raw):
     message = error_for(raw)
     assert "gpu-migration:hooks.beforeReplace: is empty" in message
     assert "gpu-migration:hooks.afterVerfication: unknown key" in message
+
+
+def test_device_plugin_resource_must_be_under_nvidia_com(raw):
+    raw["devicePluginResourceName"] = "example.com/gpu"
+    assert ("gpu-migration:devicePluginResourceName: 'example.com/gpu': the NVIDIA device plugin only advertises "
+            "names under nvidia.com/") in error_for(raw)
+    raw["devicePluginResourceName"] = "nvidia.com/mig-1g.10gb"
+    assert parse(raw).device_plugin_resource == "nvidia.com/mig-1g.10gb"
+
+
+def test_distinct_names_are_allowed_but_not_one_name(raw):
+    raw["extendedResourceName"] = "example.com/gpu"
+    assert not parse(raw).one_name_on_both_paths
+
+
+def test_gpu_taints_become_tolerations(raw):
+    raw["gpuTaints"] = [{"key": "nvidia.com/gpu", "effect": "NoSchedule"},
+                        {"key": "dedicated", "value": "gpu", "effect": "NoExecute"}]
+    assert parse(raw).tolerations == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoExecute"}]
+    raw["gpuTaints"] = [{"key": "bad key!", "effect": "Sometimes"}]
+    message = error_for(raw)
+    assert "gpu-migration:gpuTaints[0].key" in message and "gpu-migration:gpuTaints[0].effect" in message
+
+
+def test_every_default_timeout_is_above_the_default_poll_interval():
+    """A timeout added later (e.g. pathSwitch) must not make the default config fail the poll-interval check."""
+    from iks_gpu_migration.config import Timeouts
+    t = Timeouts()
+    for name in Timeouts.model_fields:
+        if name != "poll_interval":
+            assert getattr(t, name) > t.poll_interval, name

@@ -53,10 +53,19 @@ def test_hook_environment_names_node_worker_and_stage():
     assert env["GPU_MIGRATION_WORKER_ID"] == "kube-pilot0001-gpu-00000101-new"  # the replaced worker
 
 
-def test_before_hook_precedes_the_rollback_drain():
+def test_before_hook_precedes_the_path_switch_and_after_hook_follows_every_check():
+    """The switch drains the node (both ways): the team's own workload move runs first; the after hook waits for the
+    switch, the rollback check, the operand placement and the pending GPU pods report."""
     run = run_program(pilot_with_hooks(**{DRA_NODE: "device-plugin"}))
-    assert run.depends(f"{DRA_NODE}-drain", f"{DRA_NODE}-before-replace-hook")
-    assert run.depends(f"{DRA_NODE}-after-verification-hook", f"{DRA_NODE}-rollback")
+    for node in (DRA_NODE, DP_NODE):
+        assert run.depends(f"{node}-switch", f"{node}-before-replace-hook")
+        for check in ("switch", "rollback", "operator-ready", "operand-placement", "pending-gpu-pods"):
+            assert run.depends(f"{node}-after-verification-hook", f"{node}-{check}"), check
+    run = run_program(pilot_with_hooks(**{DP_NODE: "dra"}))
+    for node in (DRA_NODE, DP_NODE):
+        assert run.depends(f"{node}-switch", f"{node}-before-replace-hook")
+        for check in ("switch", "smoke-verification", "pending-gpu-pods"):
+            assert run.depends(f"{node}-after-verification-hook", f"{node}-{check}"), check
 
 
 def test_only_one_hook_configured():

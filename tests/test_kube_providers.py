@@ -1,5 +1,6 @@
 """The kube checks and dynamic providers, driving the real kubernetes client against tests/emulators/kube.py."""
 import base64
+import copy
 import json
 
 import dill
@@ -8,7 +9,7 @@ import pytest
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from iks_gpu_migration import kube_checks, kube_providers
+from iks_gpu_migration import kube_checks, kube_providers, node_switch, status
 from iks_gpu_migration.kube_providers import VERIFICATION_ANNOTATION, CheckFailed
 from tests.emulators.kube import KubeEmulator, openapi_resource_v1
 
@@ -67,15 +68,23 @@ def test_preflight_waits_for_slices_then_passes(kube, kubeconfig):
     assert sum(1 for _, p in kube.requests if "resourceslices" in p) == 3  # it polled until the slice appeared
 
 
-def test_preflight_fails_without_extended_resource_name(dra_cluster, api):
-    dra_cluster.openapi["apis/resource.k8s.io/v1"] = openapi_resource_v1(extended_resource_name=False)
+def test_preflight_fails_when_the_api_server_drops_extended_resource_name(dra_cluster, api):
+    # The OpenAPI schema lists the field, yet the server drops it (feature gate off): only the dry-run tells.
+    dra_cluster.stores_extended_resource_name = False
     assert preflight(api) == [
-        "API server OpenAPI apis/resource.k8s.io/v1 has no "
-        "io.k8s.api.resource.v1.DeviceClassSpec.extendedResourceName: "
-        "DRA extended resources (feature gate DRAExtendedResource) are not available"
-    ]
-    dra_cluster.openapi.clear()
-    assert "DRA (resource.k8s.io/v1) is not served" in preflight(api)[0]
+        "API server dropped DeviceClass spec.extendedResourceName on a dry-run create (sent 'example.com/gpu', "
+        "read back None): DRA extended resources (feature gate DRAExtendedResource, GA in 1.37) are not enabled"]
+    assert dra_cluster.device_classes == {}  # dry run: nothing stored
+    assert ("POST", "/apis/resource.k8s.io/v1/deviceclasses?dryRun=All") in dra_cluster.requests
+
+
+def test_preflight_refuses_a_second_device_class_for_the_extended_resource(dra_cluster, api):
+    dra_cluster.add_device_class("example.com-gpu", ER)
+    dra_cluster.add_device_class("gpu.nvidia.com", ER)  # e.g. the chart's class (25.12+ maps nvidia.com/gpu)
+    dra_cluster.add_device_class("mig.nvidia.com", None)
+    problems = kube_checks.preflight(api, DRIVER, ER, ["n1"], ["n1", "n2"], device_class="example.com-gpu")
+    assert problems == ["DeviceClass gpu.nvidia.com also maps extended resource example.com/gpu (the later-created "
+                        "class wins); delete it, or let example.com-gpu be the only one"]
 
 
 def test_preflight_fails_listing_dra_node_without_slices(dra_cluster, kubeconfig):
@@ -123,8 +132,27 @@ def smoke(dra_cluster):
     )
 
 
-def verify(api):
-    return kube_checks.verify_smoke(api, NS, "gpu-smoke-n1", "n1", DRIVER, ER)
+def verify(api, dra_namespace=None):
+    return kube_checks.verify_smoke(api, NS, "gpu-smoke-n1", "n1", DRIVER, ER, dra_namespace)
+
+
+@pytest.mark.parametrize("line", [
+    # NVIDIA/k8s-dra-driver-gpu cmd/gpu-kubelet-plugin/driver.go, v25.8.1 and v25.12.0
+    "I1202 12:00:01.000000       1 driver.go:162] Returning newly prepared devices for claim '{uid}': [...]",
+    "I1202 12:00:01.000000       1 driver.go:370] Returning newly prepared devices for claim "
+    "'gpu-pilot/gpu-smoke-n1-extended-resources-x7k2p:{uid}': [...]",
+])
+def test_smoke_criterion_2_needs_the_kubelet_plugin_log_line(smoke, kube, api, line):
+    claim_uid = kube.claims[(NS, CLAIM)]["metadata"]["uid"]
+    assert verify(api, "dra").problems == [
+        "criterion 2 (allocation): no DRA kubelet plugin pod on node n1 in namespace dra"]
+    kube.add_pod("dra", "nvidia-dra-driver-gpu-kubelet-plugin-abcde", node="n1",
+                 log="Returning newly prepared devices for claim 'some-other-uid': []\n")
+    assert verify(api, "dra").problems == [
+        f"criterion 2 (allocation): DRA kubelet plugin dra/nvidia-dra-driver-gpu-kubelet-plugin-abcde logged no "
+        f"prepared devices for claim {NS}/{CLAIM} (uid {claim_uid})"]
+    kube.logs[("dra", "nvidia-dra-driver-gpu-kubelet-plugin-abcde")] += line.format(uid=claim_uid) + "\n"
+    assert verify(api, "dra").problems == []
 
 
 def verification(kubeconfig, pod, **timing):
@@ -145,7 +173,7 @@ def test_smoke_verification_waits_for_the_pod_and_passes(smoke, kube, kubeconfig
     assert outs["result"].startswith("passed:")
     assert annotation(kube) | {"checkedAt": None} == {
         "path": "dra", "result": "passed", "pod": f"{NS}/gpu-smoke-n1", "gpu": UUID0,
-        "device": "gpu.example.com/n1/gpu-0", "problems": [], "checkedAt": None}
+        "device": "gpu.example.com/n1/gpu-0", "problems": [], "checkedAt": None, "podUid": smoke["metadata"]["uid"]}
 
 
 def test_smoke_criterion_1_wrong_node(smoke, api):
@@ -190,7 +218,23 @@ def test_smoke_criterion_3_uuid_mismatch(smoke, kube, api):
     kube.logs[(NS, "gpu-smoke-n1")] = f"GPU 0: NVIDIA A100 (UUID: {UUID1})\n"
     assert verify(api).problems == [
         f"criterion 3 (GPU in logs): pod gpu-pilot/gpu-smoke-n1 logs name ['{UUID1}'], "
-        f"allocated device gpu.example.com/n1/gpu-0 is {UUID0}"]
+        f"allocated device gpu.example.com/n1/gpu-0 is {UUID0} (allocated uuid {UUID0} not printed)"]
+    kube.logs[(NS, "gpu-smoke-n1")] = f"GPU 0: NVIDIA A100 (UUID: {UUID0})\nGPU 1: NVIDIA A100 (UUID: {UUID1})\n"
+    assert verify(api).problems == [
+        f"criterion 3 (GPU in logs): pod gpu-pilot/gpu-smoke-n1 logs name ['{UUID0}', '{UUID1}'], "
+        f"allocated device gpu.example.com/n1/gpu-0 is {UUID0} (other GPU devices visible: ['{UUID1}'])"]
+
+
+MIG0 = "MIG-9f8e7d6c-5b4a-3c2d-1e0f-a9b8c7d6e5f4"
+
+
+def test_smoke_criterion_3_accepts_mig_output(smoke, kube, api):
+    # A MIG device: nvidia-smi -L prints its parent GPU's line first, then the MIG line with the allocated uuid.
+    kube.slices[0]["spec"]["devices"][0]["attributes"]["uuid"] = {"string": MIG0}
+    kube.logs[(NS, "gpu-smoke-n1")] = (f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {UUID1})\n"
+                                       f"  MIG 1g.10gb     Device  0: (UUID: {MIG0})\n")
+    result = verify(api)
+    assert result.problems == [] and result.gpu_uuid == MIG0
 
 
 def test_smoke_criterion_3_no_gpu_in_logs(smoke, kube, api):
@@ -205,9 +249,83 @@ def test_smoke_criterion_4_pod_failed(smoke, kube, kubeconfig):
          "state": {"terminated": {"exitCode": 3, "reason": "Error"}}}])
     with pytest.raises(CheckFailed) as e:
         verification(kubeconfig, smoke)
-    assert str(e.value) == ("smoke test gpu-pilot/gpu-smoke-n1 on node n1 failed:\n  - criterion 4 (GPU operation): "
-                            "pod gpu-pilot/gpu-smoke-n1 phase Failed, containers: ['main exit 3 (Error)']")
-    assert annotation(kube)["problems"] == [str(e.value).split("  - ")[1]]
+    assert str(e.value).startswith(
+        "smoke test gpu-pilot/gpu-smoke-n1 on node n1 failed:\n  - criterion 4 (GPU operation): "
+        "pod gpu-pilot/gpu-smoke-n1 phase Failed, containers: ['main exit 3 (Error)']\nnode n1 stays cordoned. "
+        "Fix the cause and run `pulumi up` again: it replaces the pod")
+    assert annotation(kube)["problems"] == [str(e.value).split("  - ")[1].split("\n")[0]]
+
+
+def test_smoke_image_pull_failure_is_reported_at_once(smoke, kube, kubeconfig):
+    smoke["status"] = {"phase": "Pending", "containerStatuses": [
+        {"name": "main", "image": "img", "imageID": "", "ready": False, "restartCount": 0,
+         "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"cuda:nope\""}}}]}
+    with pytest.raises(CheckFailed) as e:
+        verification(kubeconfig, smoke, timeout=30, poll_interval=0.02)  # fails long before the timeout
+    assert ('criterion 4 (GPU operation): pod gpu-pilot/gpu-smoke-n1 container main ImagePullBackOff: Back-off '
+            'pulling image "cuda:nope"') in str(e.value)
+
+
+def test_failed_smoke_test_is_rerun_with_a_fresh_pod_by_the_next_up(smoke, kube, kubeconfig):
+    failed = copy.deepcopy(smoke)
+    smoke["status"]["phase"] = "Failed"
+    with pytest.raises(CheckFailed):
+        verification(kubeconfig, smoke)
+    created = []
+
+    def run(pod):  # the re-created pod is scheduled again and passes
+        created.append(pod)
+        pod["spec"]["nodeName"] = "n1"
+        pod["status"] = copy.deepcopy(failed["status"])
+        kube.logs[(NS, pod["metadata"]["name"])] = failed_log
+
+    failed_log = kube.logs[(NS, "gpu-smoke-n1")]
+    kube.on_pod_create = run
+    outs = verification(kubeconfig, smoke)  # same Pod resource (same uid in state): the next `up`
+    assert outs["result"].startswith("passed:") and len(created) == 1
+    assert kube.pods[(NS, "gpu-smoke-n1")]["metadata"]["uid"] != smoke["metadata"]["uid"]
+    assert annotation(kube)["podUid"] == kube.pods[(NS, "gpu-smoke-n1")]["metadata"]["uid"]
+    # Passed: a later verification of the same (re-created) pod judges it again instead of replacing it.
+    assert verification(kubeconfig, smoke)["result"].startswith("passed:") and len(created) == 1
+
+
+def test_a_re_created_smoke_pod_that_fails_again_is_replaced_again(smoke, kube, kubeconfig):
+    smoke["status"]["phase"] = "Failed"
+    kube.on_pod_create = lambda pod: pod.update(spec={**pod["spec"], "nodeName": "n1"},
+                                                status={"phase": "Failed"})
+    for expected_pods in (0, 1, 2):  # three `up`s, the Pod resource (and its uid in state) unchanged
+        with pytest.raises(CheckFailed):
+            verification(kubeconfig, smoke)
+        assert kube.requests.count(("POST", f"/api/v1/namespaces/{NS}/pods")) == expected_pods
+
+
+def test_smoke_pass_with_a_failing_uncordon_says_what_to_do(smoke, kube, kubeconfig, monkeypatch):
+    kube.nodes["n1"]["spec"]["unschedulable"] = True
+    kube.nodes["n1"]["metadata"]["annotations"] = {kube_providers.CORDON_ANNOTATION: "dra"}
+    real = kube_providers.client.CoreV1Api.patch_node
+
+    def refuse_uncordon(self, name, body, **kwargs):
+        if "spec" in body:
+            raise ApiException(status=403, reason="Forbidden")
+        return real(self, name, body, **kwargs)
+
+    monkeypatch.setattr(kube_providers.client.CoreV1Api, "patch_node", refuse_uncordon)
+    with pytest.raises(CheckFailed) as e:
+        verification(kubeconfig, smoke)
+    message = str(e.value)
+    assert message.startswith("smoke test passed: gpu-pilot/gpu-smoke-n1 used ")
+    assert "but uncordoning node n1 failed: HTTP 403 Forbidden" in message and "kubectl uncordon n1" in message
+    assert annotation(kube)["result"] == "passed"
+
+
+def test_smoke_pass_uncordons_only_a_node_the_switch_cordoned(smoke, kube, kubeconfig):
+    kube.nodes["n1"]["spec"]["unschedulable"] = True
+    kube.nodes["n1"]["metadata"]["annotations"] = {kube_providers.CORDON_ANNOTATION: "dra"}
+    assert verification(kubeconfig, smoke)["result"].endswith("node n1 uncordoned")
+    assert "unschedulable" not in kube.nodes["n1"]["spec"]
+    kube.nodes["n1"]["spec"]["unschedulable"] = True  # an admin's cordon: left alone
+    assert not verification(kubeconfig, smoke)["result"].endswith("uncordoned")
+    assert kube.nodes["n1"]["spec"]["unschedulable"] is True
 
 
 def failing_patch_node(monkeypatch):
@@ -225,6 +343,9 @@ def test_failing_to_record_does_not_hide_the_smoke_failure(smoke, kube, kubeconf
     message = str(e.value)
     assert message.startswith("smoke test gpu-pilot/gpu-smoke-n1 on node n1 failed:\n  - criterion 4")
     assert "the result could not be recorded on node n1" in message and "HTTP 403 Forbidden" in message
+    # Without the record the next `up` can't tell this pod failed: the message says how to re-run instead.
+    assert "replace the pod yourself: `pulumi up --replace <URN of smoke-n1>`" in message
+    assert "it replaces the pod" not in message
 
 
 def test_smoke_verification_waits_for_the_expected_pod_uid(smoke, kubeconfig):
@@ -249,6 +370,7 @@ def test_smoke_verification_reruns_only_when_the_pod_changes():
 def operator(dra_cluster):
     for node in ("n1", "n2"):
         dra_cluster.add_pod("gpu-operator", f"nvidia-driver-daemonset-{node}", node=node)
+        dra_cluster.add_pod("gpu-operator", f"nvidia-container-toolkit-daemonset-{node}", node=node)
         dra_cluster.add_pod("gpu-operator", f"nvidia-cuda-validator-{node}", node=node, phase="Succeeded", exit_code=0)
     return dra_cluster
 
@@ -268,7 +390,23 @@ def test_operator_not_ready_lists_pods_and_gpus(operator, api):
     assert kube_checks.operator_ready(api, "n1", "gpu-operator", "dra", DRIVER) == [
         "node n1: no DRA devices in ResourceSlices of driver gpu.example.com"]
     assert kube_checks.operator_ready(api, "n3", "gpu-operator", "dra")[0] == (
-        "node n3: no GPU Operator pods in namespace gpu-operator")
+        "node n3: no nvidia-driver-daemonset pod in namespace gpu-operator")
+
+
+def test_dra_readiness_checks_named_operands_not_the_looping_validator(operator, api):
+    # The validator's plugin-validation init container waits for nvidia.com/gpu capacity, which a dra node never
+    # gets: it loops there. It must not block readiness; the DRA kubelet plugin pod must be Ready.
+    operator.add_pod("gpu-operator", "nvidia-operator-validator-n1", node="n1", phase="Pending", waiting="PodInitializing")
+    assert kube_checks.operator_ready(api, "n1", "gpu-operator", "dra", DRIVER, dra_namespace="dra") == [
+        "node n1: no DRA kubelet plugin pod in namespace dra"]
+    plugin = operator.add_pod("dra", "nvidia-dra-driver-gpu-kubelet-plugin-x1", node="n1", ready=False,
+                              waiting="ContainerCreating")
+    assert kube_checks.operator_ready(api, "n1", "gpu-operator", "dra", DRIVER, dra_namespace="dra") == [
+        "node n1: pod dra/nvidia-dra-driver-gpu-kubelet-plugin-x1 is Running (main: ContainerCreating)"]
+    plugin["status"]["containerStatuses"][0].update(ready=True, state={"running": {}})
+    operator.pods[("gpu-operator", "nvidia-container-toolkit-daemonset-n1")]["status"]["phase"] = "Pending"
+    assert kube_checks.operator_ready(api, "n1", "gpu-operator", "dra", DRIVER, dra_namespace="dra") == [
+        "node n1: pod gpu-operator/nvidia-container-toolkit-daemonset-n1 is Pending"]
 
 
 def test_operator_ready_checks_the_device_plugin_resource_name(operator, api):
@@ -379,6 +517,91 @@ def test_fence_labels_only_nodes_on_ibm_kubelets(kube, kubeconfig):
     assert fence(kubeconfig, "new")["fenced"] is False
     assert not FENCE.keys() & kube.nodes["new"]["metadata"]["labels"].keys()
     assert fence(kubeconfig, "gone")["fenced"] is False  # already replaced under another name
+
+
+def test_fence_of_an_ibm_managed_node_refuses_a_replaced_or_missing_node(kube, kubeconfig):
+    kube.add_node("old", kubelet_version="v1.35.4+IKS")
+    kube.add_node("new", kubelet_version="v1.37.0+IKS")
+    ibm = dict(labels=FENCE, operator_min_version="1.36", stage="ibm-managed")
+    assert create(kube_providers._NodeFenceProvider(), kubeconfig, node="old", **ibm)["fenced"] is True
+    with pytest.raises(CheckFailed, match="node new is set to stage ibm-managed but runs kubelet v1.37.0"):
+        create(kube_providers._NodeFenceProvider(), kubeconfig, node="new", **ibm)
+    assert "nvidia.com/gpu.deploy.operands" not in kube.nodes["new"]["metadata"]["labels"]  # untouched
+    with pytest.raises(CheckFailed, match=r"node typo \(stage ibm-managed in gpu-migration:nodes\) matches no node"):
+        create(kube_providers._NodeFenceProvider(), kubeconfig, node="typo", **ibm)
+
+
+# --- GPU node inventory, operand placement, pending GPU pods ---------------------------------------------------------
+
+IKS_GPU = {"ibm-cloud.kubernetes.io/machine-type": "gx3.16x80.l4"}
+
+
+def inventory(api, configured, worker_ids=None, temp_pool=None):
+    return kube_checks.inventory(api, configured, worker_ids or {}, "1.36", temp_pool)
+
+
+def test_inventory_names_unlisted_gpu_nodes_and_missing_config_names(kube, api):
+    kube.add_node("a", allocatable={"nvidia.com/gpu": "1"}, kubelet_version="v1.35.4+IKS")
+    kube.add_node("b", labels=IKS_GPU, kubelet_version="v1.35.4+IKS")  # GPU flavor, no driver yet
+    kube.add_node("cpu", labels={"ibm-cloud.kubernetes.io/machine-type": "bx2.4x16"})
+    problems, warnings = inventory(api, {"a": "ibm-managed", "gone": "ibm-managed", "moved": "device-plugin"})
+    assert problems == [
+        "GPU node b (kubelet v1.35.4+IKS, flavor gx3.16x80.l4) is not listed in gpu-migration:nodes: it runs "
+        "IBM-managed drivers and would get the GPU Operator next to them; add it (stage ibm-managed, workerId ?)",
+        "node gone in gpu-migration:nodes (stage ibm-managed) matches no node in the cluster; fix its name "
+        "(`kubectl get nodes`)"]
+    assert warnings == ["node moved in gpu-migration:nodes matches no node in the cluster (stage device-plugin; "
+                        "fine while its worker is being replaced, else fix its name)"]
+
+
+def test_inventory_ties_replaced_nodes_to_their_config_entry(kube, api):
+    kube.add_node("10.0.0.9", labels={**IKS_GPU, "ibm-cloud.kubernetes.io/worker-id": "w-new"},
+                  kubelet_version="v1.37.0+IKS")
+    problems, warnings = inventory(api, {"10.0.0.1": "dra"})
+    assert problems == [] and warnings == [
+        "GPU node 10.0.0.9 (kubelet v1.37.0+IKS, flavor gx3.16x80.l4) is not listed in gpu-migration:nodes; add it "
+        "with its stage (or, if it replaced a listed node, update that entry's name)",
+        "node 10.0.0.1 in gpu-migration:nodes matches no node in the cluster (stage dra; fine while its worker is "
+        "being replaced, else fix its name)"]
+    kube.nodes["10.0.0.9"]["metadata"]["annotations"] = {kube_checks.CONFIG_NAME_ANNOTATION: "10.0.0.1"}
+    assert inventory(api, {"10.0.0.1": "dra"}) == ([], [])
+    kube.nodes["10.0.0.9"]["metadata"]["annotations"] = {}
+    assert inventory(api, {"10.0.0.1": "dra"}, worker_ids={"w-new": "10.0.0.1"}) == ([], [])
+    kube.nodes["10.0.0.9"]["metadata"]["labels"]["ibm-cloud.kubernetes.io/worker-pool-name"] = "tmp"
+    assert inventory(api, {"x": "dra"}, temp_pool="tmp")[0] == []  # the temporary pool's node is ours
+
+
+def test_inventory_provider_fails_before_anything_is_installed(kube, kubeconfig):
+    kube.add_node("stray", allocatable={"nvidia.com/gpu": "2"}, kubelet_version="v1.35.4+IKS")
+    with pytest.raises(CheckFailed, match="nothing was installed:\n  - GPU node stray"):
+        create(kube_providers._GpuNodeInventoryProvider(), kubeconfig, configured={}, worker_ids={},
+               operator_min_version="1.36")
+
+
+def test_operand_placement_names_node_and_pods(kube, kubeconfig):
+    kube.add_pod("gpu-operator", "nvidia-driver-daemonset-x1", node="ibm1")
+    kube.add_pod("gpu-operator", "nvidia-dcgm-exporter-x2", node="ibm1")
+    kube.add_pod("gpu-operator", "gpu-feature-discovery-x3", node="ibm1")  # not one the runbook checks
+    kube.add_pod("gpu-operator", "nvidia-driver-daemonset-x4", node="new1")
+    with pytest.raises(CheckFailed) as e:
+        create(kube_providers._OperandPlacementProvider(), kubeconfig, namespace="gpu-operator", fenced=["ibm1"])
+    assert ("node ibm1: runs IBM-managed drivers but has GPU Operator pods gpu-operator/nvidia-dcgm-exporter-x2, "
+            "gpu-operator/nvidia-driver-daemonset-x1") in str(e.value)
+    assert "new1" not in str(e.value)
+    assert create(kube_providers._OperandPlacementProvider(), kubeconfig, namespace="gpu-operator",
+                  fenced=["ibm2"])["checked"] == ["ibm2"]
+
+
+def test_pending_gpu_pods_reported_or_gated(kube, kubeconfig):
+    kube.add_pod("ml", "train", phase="Pending", requests={"nvidia.com/gpu": "1"}, conditions=[
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}])
+    kube.add_pod("web", "frontend", phase="Pending")  # no GPU: not reported
+    props = dict(node="n1", resources=["nvidia.com/gpu"])
+    outs = create(kube_providers._PendingGpuPodsProvider(), kubeconfig, gate=False, **props)
+    assert outs["pending"] == ["ml/train (Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.)"]
+    with pytest.raises(CheckFailed, match="after node n1, GPU pods are still Pending"):
+        create(kube_providers._PendingGpuPodsProvider(), kubeconfig, gate=True, **props)
 
 
 @pytest.fixture
@@ -506,9 +729,20 @@ def test_resources_declare_and_providers_serialize():
     declared += [drain_, kube_providers.RollbackVerification(
         "rollback", node="n1", rolling_back=drain_.rolling_back, extended_resource=ER, image="cuda", namespace=NS,
         **common)]
+    declared += [
+        node_switch.NodePathSwitch("switch", kubeconfig=None, node="n1", target="dra", pilot_label=PILOT,
+                                   device_plugin_resource="nvidia.com/gpu", extended_resource=ER, driver=DRIVER,
+                                   drain_timeout=60, switch_timeout=60, poll_interval=1),
+        kube_providers.GpuNodeInventory("inventory", kubeconfig=None, configured={"n1": "dra"}, worker_ids={},
+                                        operator_min_version="1.36"),
+        kube_providers.OperandPlacement("placement", kubeconfig=None, namespace="gpu-operator", fenced=["n2"]),
+        kube_providers.PendingGpuPods("pending", kubeconfig=None, node="n1", resources=[ER], gate=False),
+    ]
     expected = {"pre": "_DraPreflightProvider", "smoke": "_SmokeTestVerificationProvider",
                 "ready": "_OperatorReadinessProvider", "drain": "_NodeDrainProvider",
-                "rollback": "_RollbackVerificationProvider"}
+                "rollback": "_RollbackVerificationProvider", "switch": "_NodePathSwitchProvider",
+                "inventory": "_GpuNodeInventoryProvider", "placement": "_OperandPlacementProvider",
+                "pending": "_PendingGpuPodsProvider"}
 
     def check(values):
         rolling_back, gpu_uuid, _ = values
@@ -522,7 +756,7 @@ def test_resources_declare_and_providers_serialize():
             assert type(provider).__name__ == cls
         assert mocks.resources["rollback"].inputs["rolling_back"] is True
 
-    return pulumi.Output.all(drain_.rolling_back, declared[1].gpu_uuid, declared[-1].result).apply(check)
+    return pulumi.Output.all(drain_.rolling_back, declared[1].gpu_uuid, declared[4].result).apply(check)
 
 
 test_resources_declare_and_providers_serialize = pulumi.runtime.test(test_resources_declare_and_providers_serialize)
@@ -556,3 +790,17 @@ def test_cancelled_up_deletes_the_rollback_check_pod(kube, kubeconfig):
     assert not kube.pods
     assert [p for m, p in kube.requests if m == "DELETE"] == [
         f"/api/v1/namespaces/{NS}/pods/gpu-rollback-check-n1-00001"]
+
+
+def test_inventory_and_placement_run_again_on_every_up(kube, kubeconfig):
+    kube.add_node("a", allocatable={"nvidia.com/gpu": "1"}, kubelet_version="v1.35.4+IKS")
+    provider = kube_providers._GpuNodeInventoryProvider()
+    props = dict(kubeconfig=kubeconfig, configured={"a": "ibm-managed"}, worker_ids={}, operator_min_version="1.36")
+    olds = provider.create(props).outs
+    diff = provider.diff("id", olds, props)
+    assert diff.changes and not diff.replaces  # an update, not a replacement
+    kube.add_node("b", allocatable={"nvidia.com/gpu": "1"}, kubelet_version="v1.35.4+IKS")  # joined since
+    with pytest.raises(CheckFailed, match="GPU node b"):
+        provider.update("id", olds, props)
+    del kube.nodes["b"]
+    assert provider.update("id", olds, props).outs["checked"] == ["a"]

@@ -26,20 +26,22 @@ def names(node: str, *parts: str) -> set[str]:
 
 
 CASES = {
-    # A node leaves ibm-managed: its fence, replacement, drain (no-op), rollback check (no-op) and readiness are new;
-    # its labels show as replaced because they now go to the replaced node's name, known only after `up`.
+    # A node leaves ibm-managed: its replacement, path switch (no-op), rollback check (no-op), readiness, operand
+    # placement and pending-pods report are new; its fence runs again (it no longer requires IBM's drivers); the
+    # deploy.operands=false labels go (the replacement is a new Node object without them).
     "stage ibm-managed -> device-plugin": (stage(IBM, "device-plugin"), {
-        "+": names(IBM, "fence", "replacement", "drain", "rollback", "operator-ready"),
-        "~": {IBM}, "+-": names(IBM, "labels") | {"dra-preflight"}, "-": set()}),
+        "+": names(IBM, "replacement", "switch", "rollback", "operator-ready", "operand-placement",
+                   "pending-gpu-pods"),
+        "-": names(IBM, "labels"), "~": {IBM}, "+-": names(IBM, "fence") | {"dra-preflight"}}),
     "stage device-plugin -> dra": (stage(DP, "dra"), {
-        "+": names(DP, "smoke-verification") | {f"smoke-{DP}"}, "-": names(DP, "drain", "rollback"),
-        "~": {DP, f"{DP}-labels"}, "+-": names(DP, "operator-ready") | {"dra-preflight"}}),
+        "+": names(DP, "smoke-verification") | {f"smoke-{DP}"}, "-": names(DP, "rollback"),
+        "~": {DP}, "+-": names(DP, "switch", "operator-ready") | {"dra-preflight"}}),
     # Rollback of the last dra node: the DRA driver, DeviceClass, preflight and smoke test go away.
     "stage dra -> device-plugin (rollback)": (stage(DRA, "device-plugin"), {
-        "+": names(DRA, "drain", "rollback"),
+        "+": names(DRA, "rollback"),
         "-": names(DRA, "smoke-verification") | {f"smoke-{DRA}", "device-class", "dra-driver", "dra-preflight",
                                                  "smoke-namespace"},
-        "~": {DRA, f"{DRA}-labels"}, "+-": names(DRA, "operator-ready")}),
+        "~": {DRA}, "+-": names(DRA, "switch", "operator-ready")}),
     "gpuOperator version or values": (lambda r: r["gpuOperator"].update(version="v25.10.2"), {
         "~": {"gpu-operator"}, "+": set(), "-": set(), "+-": set()}),
     "draDriver version or values": (lambda r: r["draDriver"]["values"].update(logVerbosity=6), {
@@ -50,15 +52,15 @@ CASES = {
         "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification", f"{DP}-rollback"}, "~": set(), "+": set(),
         "-": set()}),
     "timeouts": (lambda r: r["timeouts"].update(drain=900, operatorReady=1200), {
-        "~": names(DP, "drain", "operator-ready") | names(DRA, "operator-ready") | {"dra-preflight"},
+        "~": names(DP, "switch", "operator-ready") | names(DRA, "switch", "operator-ready") | {"dra-preflight"},
         "+": set(), "-": set(), "+-": set()}),
     "smokeTest.command": (lambda r: r["smokeTest"].update(command=["nvidia-smi", "-L"]), {
         "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification"}, "~": set(), "+": set(), "-": set()}),
     "IKS timeouts": (lambda r: r["timeouts"].update(masterUpdate=7200, workerReplace=7200, workerPool=7200), {
         "+": set(), "~": set(), "-": set(), "+-": set()}),
     "pilotLabel": (lambda r: r.update(pilotLabel="migration.example.com/gpu-dra=on"), {
-        "~": {f"{DRA}-labels", "dra-driver"},
-        "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification", f"{DP}-drain", f"{DP}-rollback"},
+        "~": {"dra-driver"},
+        "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification", f"{DRA}-switch", f"{DP}-switch", f"{DP}-rollback"},
         "+": set(), "-": set()}),
     "tempGpuPool.enabled": (lambda r: r.update(tempGpuPool={"enabled": True, "flavor": "gx3.16x80.l4",
                                                             "zone": "us-south-1", "vpcId": "r006-v",
@@ -73,15 +75,21 @@ CASES = {
 }
 
 
+# Checks that look at the cluster again on every `up` show as updated in every preview, whatever changed.
+EVERY_UP = {"gpu-node-inventory", "operand-placement"} | {f"{n}-operand-placement" for n in (DRA, DP)}
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_preview_diff(case):
     change, expected = CASES[case]
-    assert preview(stack_config("pilot"), changed(change)) == expected
+    diff = preview(stack_config("pilot"), changed(change))
+    assert diff.pop("every up") == EVERY_UP
+    assert diff == expected
 
 
 def test_unknown_outputs_propagate():
     """A new kube version replaces both workers; everything addressed by their node names shows as replaced."""
     diff = preview(stack_config("pilot"), changed(lambda r: r.update(kubeVersion="1.38")))
     assert diff["~"] == {"master-version"}
-    assert names(DRA, "replacement", "labels", "operator-ready", "smoke-verification") <= diff["+-"]
-    assert names(DP, "replacement", "labels", "operator-ready", "drain", "rollback") <= diff["+-"]
+    assert names(DRA, "replacement", "switch", "operator-ready", "smoke-verification") <= diff["+-"]
+    assert names(DP, "replacement", "switch", "operator-ready", "rollback") <= diff["+-"]

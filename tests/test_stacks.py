@@ -28,9 +28,17 @@ def labels(run, node):
 
 def test_pilot_declares_each_stage(pilot_run):
     run = pilot_run
-    assert labels(run, IBM_NODE) == {"nvidia.com/gpu.deploy.operands": "false", "nvidia.com/gpu.deploy.driver": "false"}
-    assert labels(run, DP_NODE) == {}
-    assert labels(run, DRA_NODE) == {PILOT_LABEL: "pilot", "nvidia.com/gpu.deploy.device-plugin": "false"}
+    # ibm-managed: the fence (refuses a replaced node, sets both runbook labels once), then operands=false declared.
+    assert labels(run, IBM_NODE) == {"nvidia.com/gpu.deploy.operands": "false"}
+    fence = run.named(f"{IBM_NODE}-fence").inputs
+    assert fence["stage"] == "ibm-managed" and fence["labels"] == {
+        "nvidia.com/gpu.deploy.operands": "false", "nvidia.com/gpu.deploy.driver": "false"}
+    assert run.depends(f"{IBM_NODE}-labels", f"{IBM_NODE}-fence")
+    # Migrated nodes: the path switch owns their labels.
+    assert not {f"{DP_NODE}-labels", f"{DRA_NODE}-labels"} & run.names()
+    assert run.named(f"{DRA_NODE}-switch").inputs["target"] == "dra"
+    assert run.named(f"{DP_NODE}-switch").inputs["target"] == "device-plugin"
+    assert run.named(f"{DRA_NODE}-switch").inputs["device_plugin_resource"] == "nvidia.com/gpu"
     # Only nodes past ibm-managed are replaced; only dra nodes get a smoke test.
     assert {f"{DRA_NODE}-replacement", f"{DP_NODE}-replacement"} <= run.names()
     assert f"{IBM_NODE}-replacement" not in run.names()
@@ -49,44 +57,59 @@ def test_pilot_declares_each_stage(pilot_run):
     assert run.named("smoke-namespace").inputs["metadata"]["name"] == "gpu-pilot"
 
 
-def test_device_plugin_resource_defaults_to_the_extended_resource():
+def test_device_plugin_resource_is_what_the_rollback_checks():
     run = run_program(pilot(**{DRA_NODE: "device-plugin"}))
-    assert run.named(f"{DP_NODE}-operator-ready").inputs["device_plugin_resource"] == "example.com/gpu"
-    assert run.named(f"{DRA_NODE}-rollback").inputs["extended_resource"] == "example.com/gpu"
-    raw = pilot(**{DRA_NODE: "device-plugin"})
-    raw["devicePluginResourceName"] = "nvidia.com/gpu"
-    run = run_program(raw)
     assert run.named(f"{DP_NODE}-operator-ready").inputs["device_plugin_resource"] == "nvidia.com/gpu"
     assert run.named(f"{DRA_NODE}-rollback").inputs["extended_resource"] == "nvidia.com/gpu"
+    raw = pilot(**{DRA_NODE: "device-plugin"})
+    raw["devicePluginResourceName"] = "nvidia.com/mig-1g.10gb"
+    run = run_program(raw)
+    assert run.named(f"{DP_NODE}-operator-ready").inputs["device_plugin_resource"] == "nvidia.com/mig-1g.10gb"
+    assert run.named(f"{DRA_NODE}-rollback").inputs["extended_resource"] == "nvidia.com/mig-1g.10gb"
 
 
 def test_pilot_order(pilot_run):
     run = pilot_run
     # Master first; then one node at a time, in config order, each after the previous one's readiness.
     assert run.depends(f"{DRA_NODE}-replacement", "master-version")
-    assert run.depends(f"{DP_NODE}-replacement", f"{DRA_NODE}-operator-ready")
+    assert run.depends(f"{DP_NODE}-replacement", f"{DRA_NODE}-pending-gpu-pods")
+    assert run.depends(f"{DRA_NODE}-pending-gpu-pods", f"{DRA_NODE}-operand-placement")
+    assert run.depends(f"{DRA_NODE}-operand-placement", f"{DRA_NODE}-operator-ready")
+    # The inventory precedes everything that changes a node; the operand placement check follows the operator.
+    for name in ("gpu-operator", "master-version", "dra-driver", "device-class", f"{DRA_NODE}-replacement"):
+        assert run.depends(name, "gpu-node-inventory")
+    assert run.depends("operand-placement", "gpu-operator")
+    assert run.depends(f"{DRA_NODE}-operator-ready", "operand-placement")
     assert not run.depends(f"{DRA_NODE}-replacement", f"{DP_NODE}-operator-ready")
     assert run.depends(f"{DRA_NODE}-operator-ready", f"{DRA_NODE}-replacement")
     # The operator only arrives once every node on IBM's drivers is fenced off: ibm-managed ones by their labels,
     # the ones awaiting replacement by their fence (which also precedes their replacement).
-    assert run.depends("gpu-operator", f"{IBM_NODE}-labels")
+    assert run.depends("gpu-operator", f"{IBM_NODE}-labels") and run.depends("gpu-operator", f"{IBM_NODE}-fence")
     for node in (DRA_NODE, DP_NODE):
         assert run.depends("gpu-operator", f"{node}-fence") and run.depends(f"{node}-replacement", f"{node}-fence")
         assert run.named(f"{node}-fence").inputs["node"] == node
-    assert f"{IBM_NODE}-fence" not in run.names()
-    # DRA path: labels, driver and DeviceClass are in place before the preflight, the smoke pod after it.
-    for dep in ("device-class", "dra-driver", f"{DRA_NODE}-labels"):
+    # DRA path: the driver and DeviceClass wait for the master (an older API server drops extendedResourceName);
+    # switch, driver and DeviceClass are in place before the preflight, the smoke pod after it.
+    assert run.depends("dra-driver", "master-version") and run.depends("device-class", "master-version")
+    for dep in ("device-class", "dra-driver", f"{DRA_NODE}-switch"):
         assert run.depends("dra-preflight", dep)
+    assert run.named("dra-preflight").inputs["device_class"] == "nvidia.com-gpu"
+    assert run.depends(f"{DRA_NODE}-switch", f"{DRA_NODE}-replacement")
+    assert run.depends(f"{DRA_NODE}-operator-ready", f"{DRA_NODE}-switch")
+    assert run.named(f"{DRA_NODE}-operator-ready").inputs["dra_namespace"] == "nvidia-dra-driver-gpu"
     assert run.depends(f"smoke-{DRA_NODE}", "dra-preflight")
     assert run.depends(f"{DRA_NODE}-smoke-verification", f"smoke-{DRA_NODE}")
-    # Rollback path of a device-plugin node: drain, then labels, then verification.
-    assert run.depends(f"{DP_NODE}-labels", f"{DP_NODE}-drain")
-    assert run.depends(f"{DP_NODE}-rollback", f"{DP_NODE}-labels")
+    assert run.named(f"{DRA_NODE}-smoke-verification").inputs["dra_namespace"] == "nvidia-dra-driver-gpu"
+    # Rollback path of a device-plugin node: the switch, then the verification.
+    assert run.depends(f"{DP_NODE}-rollback", f"{DP_NODE}-switch")
 
 
 def test_pilot_manifests_pass_kubernetes_validate(pilot_run, tmp_path):
     manifests = pilot_run.kubernetes_manifests()
     assert {m["kind"] for m in manifests} == {"Node", "DeviceClass", "Namespace", "Pod"}
+    device_class = next(m for m in manifests if m["kind"] == "DeviceClass")
+    assert device_class["spec"]["selectors"] == [{"cel": {"expression":
+        'device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "gpu"'}}]
     result = kubernetes_validate(manifests, tmp_path)
     assert result.returncode == 0 and "WARN" not in result.stdout and "ERROR" not in result.stdout, result.stdout
 
@@ -102,7 +125,7 @@ def test_prod_has_no_dra_yet(tmp_path):
     run = run_program(stack_config("prod"))
     assert not {"dra-driver", "device-class", "dra-preflight", "smoke-namespace"} & run.names()
     assert [r.name for r in run.of_type(REPLACEMENT)] == ["10.241.0.21-replacement"]
-    assert all(labels(run, n) == {"nvidia.com/gpu.deploy.operands": "false", "nvidia.com/gpu.deploy.driver": "false"}
+    assert all(labels(run, n) == {"nvidia.com/gpu.deploy.operands": "false"}
                for n in ("10.241.0.22", "10.241.0.23", "10.241.0.24"))
     result = kubernetes_validate(run.kubernetes_manifests(), tmp_path)
     assert result.returncode == 0, result.stdout
@@ -110,22 +133,53 @@ def test_prod_has_no_dra_yet(tmp_path):
 
 def test_moving_a_node_to_dra_adds_labels_and_smoke_test():
     run = run_program(pilot(**{DP_NODE: "dra"}))
-    assert labels(run, DP_NODE) == {PILOT_LABEL: "pilot", "nvidia.com/gpu.deploy.device-plugin": "false"}
+    assert run.named(f"{DP_NODE}-switch").inputs["target"] == "dra"
     assert {f"smoke-{DP_NODE}", f"{DP_NODE}-smoke-verification"} <= run.names()
-    assert f"{DP_NODE}-drain" not in run.names()
+    assert f"{DP_NODE}-rollback" not in run.names()
     assert sorted(run.named("dra-preflight").inputs["dra_nodes"]) == sorted([DRA_NODE, DP_NODE])
 
 
 def test_rollback_keeps_device_class_while_another_node_is_dra():
     run = run_program(pilot(**{DP_NODE: "dra", DRA_NODE: "device-plugin"}))
-    assert {f"{DRA_NODE}-drain", f"{DRA_NODE}-rollback", "device-class"} <= run.names()
-    assert f"smoke-{DRA_NODE}" not in run.names() and labels(run, DRA_NODE) == {}
+    assert {f"{DRA_NODE}-switch", f"{DRA_NODE}-rollback", "device-class"} <= run.names()
+    assert f"smoke-{DRA_NODE}" not in run.names()
+    assert run.named(f"{DRA_NODE}-switch").inputs["target"] == "device-plugin"
 
 
 def test_last_dra_node_rolled_back_removes_dra_path():
     run = run_program(pilot(**{DRA_NODE: "device-plugin"}))
-    assert {f"{DRA_NODE}-drain", f"{DRA_NODE}-rollback"} <= run.names()
+    assert {f"{DRA_NODE}-switch", f"{DRA_NODE}-rollback"} <= run.names()
     assert not {"device-class", "dra-driver", "dra-preflight"} & run.names()
+
+
+def test_chart_25_12_class_is_used_instead_of_a_second_one():
+    raw = pilot()
+    raw["draDriver"]["version"] = "25.12.0"
+    run = run_program(raw)
+    assert "device-class" not in run.names()
+    assert run.named("dra-preflight").inputs["device_class"] == "gpu.nvidia.com"
+    raw["deviceSelectors"] = ["device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"]
+    with pytest.raises(Exception, match="already mapped by the DRA chart's DeviceClass gpu.nvidia.com"):
+        run_program(raw)
+
+
+def test_dra_chart_values_fail_preview():
+    raw = pilot()
+    raw["draDriver"]["values"].pop("gpuResourcesEnabledOverride")
+    raw["draDriver"]["values"]["gpuResourcesEnabledOverride"] = False
+    with pytest.raises(Exception, match="gpuResourcesEnabledOverride is not"):
+        run_program(raw, preview=True)
+
+
+def test_gpu_taints_are_tolerated_by_smoke_pod_rollback_pod_and_kubelet_plugin():
+    raw = pilot(**{DP_NODE: "dra"})
+    raw["nodes"][0]["stage"] = "device-plugin"
+    raw["gpuTaints"] = [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]
+    run = run_program(raw)
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert toleration in run.named(f"smoke-{DP_NODE}").inputs["spec"]["tolerations"]
+    assert run.named(f"{DRA_NODE}-rollback").inputs["tolerations"] == [toleration]
+    assert run.named("dra-driver").inputs["values"]["kubeletPlugin"]["tolerations"] == [toleration]
 
 
 def test_single_gpu_node_is_replaced_only_with_a_temp_pool():

@@ -44,7 +44,7 @@ def project(tmp_path, kube, monkeypatch):
                                       "nvidia.com/gpu.deploy.device-plugin": "false"})
     n1["metadata"]["annotations"] = {VERIFICATION_ANNOTATION: json.dumps(
         {"path": "dra", "result": "passed", "gpu": UUID0, "checkedAt": "2026-12-02T12:00:00Z"})}
-    n2 = kube.add_node("n2", allocatable={"example.com/gpu": "1"})
+    n2 = kube.add_node("n2", allocatable={"nvidia.com/gpu": "1"})
     n2["spec"]["unschedulable"] = True
     kube.add_node("n3", kubelet_version="v1.35.4+IKS",
                   labels={"nvidia.com/gpu.deploy.operands": "false", "nvidia.com/gpu.deploy.driver": "false"})
@@ -177,6 +177,13 @@ def test_404_from_something_that_is_not_kubernetes_is_not_node_not_found(project
                                        allocatable={"example.com/gpu": "2"}), "3/4 (next: device-plugin labels)"),
     ("dra", status.NodeFacts(kubelet="v1.37.1", labels={"p": "on", "nvidia.com/gpu.deploy.device-plugin": "false"},
                              verification={"path": "dra", "result": "failed"}), "3/4 (next: smoke test passed)"),
+    # The GPU Operator deletes deploy.driver from a node with deploy.operands=false: still fenced off.
+    ("ibm-managed", status.NodeFacts(labels={"nvidia.com/gpu.deploy.operands": "false"}), "1/1 done"),
+    # After a rollback: deploy.device-plugin=true set by the switch, deploy.*=true by the operator; no leftovers.
+    ("device-plugin", status.NodeFacts(kubelet="v1.37.1", allocatable={"example.com/gpu": "2"}, labels={
+        "nvidia.com/gpu.deploy.device-plugin": "true", "nvidia.com/gpu.deploy.driver": "true"}), "4/4 done"),
+    ("device-plugin", status.NodeFacts(kubelet="v1.37.1", allocatable={"example.com/gpu": "2"}, labels={"p": "on"}),
+     "3/4 (next: device-plugin labels)"),
 ])
 def test_progress(stage, facts, expected):
     assert status.describe_progress(status.progress(stage, facts, "1.37", ("p", "on"), "example.com/gpu")) == expected

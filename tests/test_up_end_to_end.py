@@ -17,7 +17,7 @@ API_KEY = "test-api-key"
 DRA, DP, IBM = "10.240.0.11", "10.240.0.12", "10.240.0.13"  # config names (old workers' IPs)
 WORKERS = {DRA: "kube-pilot0001-gpu-00000101", DP: "kube-pilot0001-gpu-00000102", IBM: "kube-pilot0001-gpu-00000103"}
 PILOT_KEY, PLUGIN_OFF = "migration.example.com/gpu-dra", "nvidia.com/gpu.deploy.device-plugin"
-ER, DRIVER = "example.com/gpu", "gpu.nvidia.com"
+ER, DRIVER = "nvidia.com/gpu", "gpu.nvidia.com"
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -124,16 +124,21 @@ def test_fresh_pilot_up(env):
     record = verification(env, dra)
     assert (record["path"], record["result"], record["gpu"], record["problems"]) == ("dra", "passed", gpu_uuid(dra), [])
 
-    # The ibm-managed node: fenced off the operator, never replaced, cordoned or touched otherwise.
+    # The ibm-managed node: fenced off the operator, never replaced, cordoned or touched otherwise. The fence set
+    # both runbook labels; the operator then deleted deploy.driver (removeAllGPUStateLabels); only operands=false is
+    # declared, so nothing drifts.
     ibm = env.kube.nodes[IBM]
     assert labels(env, IBM) == {"kubernetes.io/hostname": IBM, "nvidia.com/gpu.present": "true",
-                                "nvidia.com/gpu.deploy.operands": "false", "nvidia.com/gpu.deploy.driver": "false"}
+                                "nvidia.com/gpu.deploy.operands": "false"}
+    assert t.one("operator removed label", node=IBM).detail["label"] == "nvidia.com/gpu.deploy.driver"
     assert "unschedulable" not in ibm["spec"] and "annotations" not in ibm["metadata"]
     assert not [p for p in env.kube.pods.values() if p["spec"].get("nodeName") == IBM]
     assert t.one("labels applied", node=IBM).seq < t.one("helm install", release="gpu-operator").seq
     assert env.iks.workers[WORKERS[IBM]]["lifecycle"]["desiredState"] == "deployed"
     ibm_writes = [e for e in t.events if e.kind.startswith("kube ") and e.detail["path"] == f"/api/v1/nodes/{IBM}"]
-    assert len(ibm_writes) == 1  # the label patch, nothing else
+    assert [e.detail["body"]["metadata"]["labels"] for e in ibm_writes] == [  # the fence, the NodePatch; nothing else
+        {"nvidia.com/gpu.deploy.operands": "false", "nvidia.com/gpu.deploy.driver": "false"},
+        {"nvidia.com/gpu.deploy.operands": "false"}]
 
 
 def test_gpu_operator_never_runs_next_to_ibm_drivers(env):
@@ -165,39 +170,42 @@ def test_rollback_of_the_dra_node(env):
         assert len(found) == 1, f"expected one {what}, got {found}\n" + t.dump()
         return found[0].seq
 
-    cordon = seq_of(lambda e: e.kind == "kube PATCH" and e.detail["path"] == node_path
-                    and e.detail["body"] == {"spec": {"unschedulable": True}}, "cordon")
+    def patched(e, body_part):
+        return e.kind == "kube PATCH" and e.detail["path"] == node_path and all(
+            e.detail["body"].get(k) == v for k, v in body_part.items())
+
+    cordon = seq_of(lambda e: patched(e, {"spec": {"unschedulable": True}}), "cordon")
     finished = seq_of(lambda e: e.kind == "pod finished" and e.detail["pod"] == "ml/training", "GPU pod end")
-    switch = seq_of(lambda e: e.kind == "labels applied" and e.detail["node"] == dra, "label switch")
+    unlabel = seq_of(lambda e: patched(e, {"metadata": {"labels": {PILOT_KEY: None}}}), "pilot label removed")
+    withdrawn = seq_of(lambda e: e.kind == "slices withdrawn" and e.detail["node"] == dra, "slices withdrawn")
+    plugin_on = seq_of(lambda e: patched(e, {"metadata": {"labels": {PLUGIN_OFF: "true"}}}), "device plugin on")
     check_pod = seq_of(lambda e: e.kind == "pod scheduled" and e.detail["pod"].startswith(
         f"gpu-pilot/gpu-rollback-check-{dra}-"), "rollback check pod")
-    uncordon = seq_of(lambda e: e.kind == "kube PATCH" and e.detail["path"] == node_path
-                      and e.detail["body"] == {"spec": {"unschedulable": None}}, "uncordon")
-    assert cordon < finished < switch < check_pod < uncordon
-    assert t.one("labels applied", node=dra, labels={}).detail["removed"] == [PILOT_KEY, PLUGIN_OFF]
+    uncordon = seq_of(lambda e: patched(e, {"spec": {"unschedulable": None}}), "uncordon")
+    assert cordon < finished < unlabel < withdrawn < plugin_on < check_pod < uncordon
 
     # The check pod got its GPU from the returning device plugin (it tolerated the cordon), and was cleaned up.
     scheduled = next(e for e in events if e.seq == check_pod)
     assert scheduled.detail["path"] == "device-plugin" and scheduled.detail["node"] == dra
     assert not [k for k in env.kube.pods if k[1].startswith("gpu-rollback-check-")]
     assert second.outputs(f"{DRA}-rollback")["gpu_uuid"] == gpu_uuid(dra)
-    assert second.outputs(f"{DRA}-drain")["rolling_back"] is True
+    assert second.outputs(f"{DRA}-switch")["rolling_back"] is True
     record = verification(env, dra)
     assert (record["path"], record["result"], record["gpu"]) == ("device-plugin", "passed", gpu_uuid(dra))
 
     # Final state: plugin back, DRA gone from the node, uncordoned; nothing was replaced again.
     node = env.kube.nodes[dra]
     assert "unschedulable" not in node["spec"] and node["status"]["allocatable"][ER] == "1"
-    assert PILOT_KEY not in labels(env, dra) and PLUGIN_OFF not in labels(env, dra)
+    assert PILOT_KEY not in labels(env, dra) and labels(env, dra)[PLUGIN_OFF] == "true"
     assert not env.kube.slices
     assert len(t.all("iks POST /v2/vpc/replaceWorker")) == 2
     # The other device-plugin node was not rolling back: never cordoned.
     assert not [e for e in events if e.kind == "kube PATCH" and e.detail["path"] == f"/api/v1/nodes/{dp}"]
-    assert second.outputs(f"{DP}-drain")["rolling_back"] is False
+    assert second.outputs(f"{DP}-switch")["rolling_back"] is False
     # The last dra node left: the DRA driver, DeviceClass and smoke test are removed after the updates.
-    deleted = {e.detail["name"] for e in events if e.kind == "delete"}
-    assert {"dra-driver", "device-class", f"smoke-{DRA}", f"{DRA}-smoke-verification", "dra-preflight"} <= deleted
-    assert min(e.seq for e in events if e.kind == "delete") > uncordon
+    removed = {"dra-driver", "device-class", f"smoke-{DRA}", f"{DRA}-smoke-verification", "dra-preflight"}
+    assert removed <= {e.detail["name"] for e in events if e.kind == "delete"}
+    assert min(e.seq for e in events if e.kind == "delete" and e.detail["name"] in removed) > uncordon
     assert env.dra_driver is None and not env.device_classes
 
 
@@ -235,3 +243,68 @@ def test_failed_readiness_of_node_1_stops_node_2_and_the_dra_path(env):
         assert name not in result.state
         assert not env.timeline.all("register", name=name)
     assert not [k for k in env.kube.pods if k[0] == "gpu-pilot"]
+
+
+# 4. the node switch, convergence and the inventory -------------------------------------------------------------------
+
+def test_dra_node_stays_cordoned_until_its_smoke_test_passed(env):
+    t = env.timeline
+    result = fresh_up(env)
+    dra = new_node(result, DRA)
+    path = f"/api/v1/nodes/{dra}"
+    writes = [e for e in t.events if e.kind == "kube PATCH" and e.detail["path"] == path]
+    bodies = [e.detail["body"] for e in writes]
+    cordon = next(i for i, b in enumerate(bodies) if b.get("spec") == {"unschedulable": True})
+    plugin_off = next(i for i, b in enumerate(bodies) if b == {"metadata": {"labels": {PLUGIN_OFF: "false"}}})
+    pilot = next(i for i, b in enumerate(bodies) if b == {"metadata": {"labels": {PILOT_KEY: "pilot"}}})
+    uncordon = next(i for i, b in enumerate(bodies) if b.get("spec") == {"unschedulable": None})
+    assert cordon < plugin_off < pilot < uncordon
+    smoke = t.one("pod scheduled", pod=f"gpu-pilot/gpu-smoke-{DRA}")
+    assert t.one("create", name=f"{DRA}-smoke-verification").seq > writes[uncordon].seq > smoke.seq
+    assert "unschedulable" not in env.kube.nodes[dra]["spec"]
+
+
+def test_a_second_up_changes_nothing_although_the_operator_deleted_a_label(env):
+    first = fresh_up(env)
+    mark = env.timeline.add("second up").seq
+    second = up(env, pilot_config(env), API_KEY, prior=first.state)
+    assert second.error is None, second.error
+    writes = [e for e in env.timeline.events if e.seq > mark and e.kind.startswith("kube ")
+              and e.detail["path"].startswith("/api/v1/nodes/")]
+    assert writes == []
+    assert not env.timeline.all("labels applied", node=IBM)[1:]
+
+
+def test_an_unlisted_gpu_node_on_ibm_drivers_stops_up_before_the_operator(env):
+    env.add_ibm_node("10.240.0.99")
+    result = up(env, pilot_config(env), API_KEY)
+    assert result.error is not None
+    assert "GPU node 10.240.0.99 (kubelet v1.35.4+IKS" in str(result.error)
+    assert "is not listed in gpu-migration:nodes: it runs IBM-managed drivers" in str(result.error)
+    assert not env.timeline.all("helm install") and not env.timeline.all("iks POST /v2/vpc/replaceWorker")
+
+
+def test_a_replaced_node_set_back_to_ibm_managed_is_refused(env):
+    first = fresh_up(env)
+    dp = new_node(first, DP)
+    raw = pilot_config(env)
+    for node in raw["nodes"]:
+        if node["name"] == DP:
+            node["name"], node["stage"] = dp, "ibm-managed"
+    result = up(env, raw, API_KEY, prior=first.state)
+    assert result.error is not None
+    assert f"node {dp} is set to stage ibm-managed but runs kubelet v1.37" in str(result.error)
+    assert labels(env, dp).get("nvidia.com/gpu.deploy.operands") != "false"
+
+
+def test_operator_pods_on_an_ibm_managed_node_stop_up_naming_node_and_pods(env):
+    env.operator_ignores_fence = True
+    result = up(env, pilot_config(env), API_KEY)
+    assert result.error is not None
+    message = str(result.error)
+    assert f"node {IBM}: runs IBM-managed drivers but has GPU Operator pods gpu-operator/nvidia-driver-daemonset-{IBM}" \
+        in message
+    # Nothing past the check: no node readiness passed, node 2 not replaced.
+    replaced = [e.detail["worker"] for e in env.timeline.all("iks POST /v2/vpc/replaceWorker")]
+    assert WORKERS[DP] not in replaced and WORKERS[IBM] not in replaced
+    assert not env.timeline.all("create", name=f"{DRA}-operator-ready")

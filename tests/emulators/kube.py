@@ -83,6 +83,13 @@ class KubeEmulator:
         self.claims: dict[tuple[str, str], dict] = {}
         self.namespaces: set[str] = set()
         self.openapi: dict[str, dict] = {RESOURCE_V1: openapi_resource_v1()}
+        self.device_classes: dict[str, dict] = {}
+        # An API server with the DRAExtendedResource gate off serves the field in OpenAPI but drops it from
+        # DeviceClasses it stores (kubernetes pkg/registry/resource/deviceclass/strategy.go,
+        # dropDisabledDRAExtendedResourceFields).
+        self.stores_extended_resource_name = True
+        # Controllers that react to every request (e.g. GpuNodeModel), run under the lock after each one.
+        self.controllers: list[Callable[[str, str], None]] = []
         self.on_pod_create: Optional[Callable[[dict], None]] = None
         self.requests: list[tuple[str, str]] = []  # (method, path?query) served, for assertions
         self._triggers: list[list] = []  # [path part, requests left, change]
@@ -199,18 +206,23 @@ class KubeEmulator:
         content_type = (headers.get("Content-Type") or "").split(";")[0]
         with self.lock:
             self.requests.append((method, raw_path))
-            status, payload = self.handle(method, url.path, query, body, content_type)
+            status, payload = self.handle(method, url.path, query, body, content_type, dry_run=query.get("dryRun"))
             payload = copy.deepcopy(payload)  # the response as served, before triggers (or other requests) change it
             self._fire(raw_path)
+            for controller in self.controllers:
+                controller(method, raw_path)
         return status, payload
 
-    def handle(self, method: str, path: str, query: dict[str, str], body: Any, content_type: str):
+    def handle(self, method: str, path: str, query: dict[str, str], body: Any, content_type: str,
+               dry_run: Optional[str] = None):
         """Return (status, JSON-able or str). Routes are matched in order."""
         selector = query.get("fieldSelector", "")
         for pattern, verb, action in self._routes():
             m = re.fullmatch(pattern, path)
             if m and verb == method:
-                status, payload = action(*m.groups(), selector=selector, body=body, content_type=content_type)
+                extra = {"dry_run": dry_run} if action == self._create_device_class else {}
+                status, payload = action(*m.groups(), selector=selector, body=body, content_type=content_type,
+                                         **extra)
                 if query.get("labelSelector") and isinstance(payload, dict) and "items" in payload:
                     payload = {**payload, "items": [i for i in payload["items"]
                                                     if labels_match(i, query["labelSelector"])]}
@@ -236,6 +248,9 @@ class KubeEmulator:
                 "EventList", [e for e in self.events if e["metadata"]["namespace"] == n], k["selector"])),
             (r"/apis/resource.k8s.io/v1/resourceslices", "GET",
              lambda **k: self._list("ResourceSliceList", self.slices, k["selector"])),
+            (r"/apis/resource.k8s.io/v1/deviceclasses", "GET",
+             lambda **k: self._list("DeviceClassList", self.device_classes.values(), k["selector"])),
+            (r"/apis/resource.k8s.io/v1/deviceclasses", "POST", self._create_device_class),
             (r"/apis/resource.k8s.io/v1/namespaces/([^/]+)/resourceclaims/([^/]+)", "GET",
              lambda n, name, **k: self._get(self.claims, (n, name), "resourceclaims.resource.k8s.io")),
         ]
@@ -291,6 +306,27 @@ class KubeEmulator:
             self.on_pod_create(body)
         return 201, body
 
+    def _create_device_class(self, body, dry_run=None, **_):
+        """Create, or with dryRun=All only validate and return what would be stored (nothing persisted)."""
+        stored = copy.deepcopy(body)
+        name = stored["metadata"]["name"]
+        if name in self.device_classes:
+            return 409, _status(409, f'deviceclasses.resource.k8s.io "{name}" already exists')
+        stored["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp="2026-12-02T12:00:00Z")
+        if not self.stores_extended_resource_name:
+            stored.get("spec", {}).pop("extendedResourceName", None)
+        if dry_run != "All":
+            self.device_classes[name] = stored
+        return 201, stored
+
+    def add_device_class(self, name: str, extended_resource: Optional[str], driver: str = "gpu.nvidia.com") -> dict:
+        spec: dict[str, Any] = {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}
+        if extended_resource:
+            spec["extendedResourceName"] = extended_resource
+        self.device_classes[name] = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                     "metadata": {"name": name, "uid": str(uuid.uuid4())}, "spec": spec}
+        return self.device_classes[name]
+
     def _delete_pod(self, namespace, name, **_):
         pod = self.pods.pop((namespace, name), None)
         return (200, pod) if pod else (404, _status(404, f'pods "{name}" not found'))
@@ -305,3 +341,79 @@ def _status(code: int, message: str) -> dict:
     reasons = {404: "NotFound", 409: "AlreadyExists", 415: "UnsupportedMediaType"}
     return {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code,
             "reason": reasons.get(code, "BadRequest"), "message": message}
+
+
+DEVICE_PLUGIN_LABEL = "nvidia.com/gpu.deploy.device-plugin"
+
+
+class GpuNodeModel:
+    """What one GPU node's NVIDIA components and kubelet do in answer to its labels, after every API request:
+
+    - GPU Operator device plugin: its DaemonSet selects `nvidia.com/gpu.deploy.device-plugin: "true"`; any value but
+      "false" is treated as on here (NVIDIA/gpu-operator assets/state-device-plugin/0500_daemonset.yaml; an existing
+      value is honoured, controllers/state_manager.go). While it runs, the kubelet reports the GPUs as allocatable.
+    - Kubelet: when the plugin's endpoint stops, allocatable drops to 0 at once and capacity stays 0, not absent
+      (kubernetes pkg/kubelet/cm/devicemanager, pkg/kubelet/nodestatus/setters.go).
+    - DRA kubelet plugin (pinned by the chart's kubeletPlugin.nodeSelector to the pilot label): publishes one
+      ResourceSlice with the node's GPUs and runs pod `nvidia-dra-driver-gpu-kubelet-plugin-<node>`. When the label
+      goes, the pod goes at once, and the kubelet wipes the slices some time later (~30 s after unregistration,
+      pkg/kubelet/cm/dra): here after `wipe_after` more API requests.
+
+    After every request it records a violation if the node offers GPUs on both paths: device-plugin allocatable > 0
+    while DRA devices are published, or DRA devices published while a pod holds a GPU through the device plugin
+    (the scheduler uses DRA on a node whose allocatable is 0, so that GPU would go to a second pod: KEP-5004).
+    """
+
+    def __init__(self, kube: KubeEmulator, node: str, gpus: dict[str, str], pilot: tuple[str, str],
+                 resource: str = "nvidia.com/gpu", driver: str = "gpu.nvidia.com",
+                 dra_namespace: str = "nvidia-dra-driver-gpu", wipe_after: int = 3) -> None:
+        self.kube, self.node, self.gpus, self.pilot = kube, node, gpus, pilot
+        self.resource, self.driver, self.dra_namespace, self.wipe_after = resource, driver, dra_namespace, wipe_after
+        self.violations: list[str] = []
+        self.requests_seen = 0
+        self._wipe_in: Optional[int] = None
+        kube.controllers.append(self.react)
+        self.react("INIT", "")
+
+    def _slices(self) -> list[dict]:
+        return [s for s in self.kube.slices if s["spec"]["nodeName"] == self.node and s["spec"]["driver"] == self.driver]
+
+    def plugin_pods_holding(self) -> list[str]:
+        return sorted(
+            f"{ns}/{name}" for (ns, name), p in self.kube.pods.items()
+            if p["spec"].get("nodeName") == self.node and p["status"].get("phase") not in ("Succeeded", "Failed")
+            and not p["status"].get("extendedResourceClaimStatus")
+            and any(self.resource in (c.get("resources") or {}).get("limits", {}) for c in p["spec"]["containers"])
+        )
+
+    def react(self, method: str, path: str) -> None:
+        self.requests_seen += 1
+        node = self.kube.nodes.get(self.node)
+        if node is None:
+            return
+        labels = node["metadata"].get("labels") or {}
+        allocatable = node["status"].setdefault("allocatable", {})
+        allocatable[self.resource] = str(len(self.gpus)) if labels.get(DEVICE_PLUGIN_LABEL) != "false" else "0"
+        plugin_pod = (self.dra_namespace, f"nvidia-dra-driver-gpu-kubelet-plugin-{self.node}")
+        if labels.get(self.pilot[0]) == self.pilot[1]:
+            self._wipe_in = None
+            if not self._slices():
+                self.kube.add_slice(self.node, self.driver, self.gpus)
+            if plugin_pod not in self.kube.pods:
+                self.kube.add_pod(*plugin_pod, node=self.node)
+        else:
+            self.kube.pods.pop(plugin_pod, None)
+            if self._slices():
+                self._wipe_in = self.wipe_after if self._wipe_in is None else self._wipe_in - 1
+                if self._wipe_in <= 0:
+                    self.kube.slices[:] = [s for s in self.kube.slices if s not in self._slices()]
+                    self._wipe_in = None
+        self.check(f"{method} {path}")
+
+    def check(self, after: str) -> None:
+        if not self._slices():
+            return
+        if int(self.kube.nodes[self.node]["status"]["allocatable"].get(self.resource, "0")) > 0:
+            self.violations.append(f"after {after}: {self.resource} allocatable and DRA devices published")
+        for pod in self.plugin_pods_holding():
+            self.violations.append(f"after {after}: {pod} holds a GPU through the device plugin while DRA publishes it")

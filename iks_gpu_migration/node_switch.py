@@ -1,0 +1,190 @@
+"""Switching a node between the device-plugin path and the DRA path, one observable step at a time.
+
+A GPU must never be offered on both paths. One label patch that adds the pilot label and turns the device plugin off
+at once lets the DRA kubelet plugin publish GPUs that running device-plugin pods still hold: the scheduler uses DRA on
+a node as soon as its device-plugin allocatable is 0 (KEP-5004; kubernetes
+pkg/scheduler/framework/plugins/dynamicresources/extendeddynamicresources.go), so those GPUs go to a second pod.
+
+Forward (device-plugin -> dra): cordon; wait (timeouts.drain) until no pod on the node holds the plugin resource;
+set nvidia.com/gpu.deploy.device-plugin=false; wait (timeouts.pathSwitch) until the node's allocatable of the plugin
+resource is 0; only then add the pilot label. The smoke test verification uncordons.
+Rollback (dra -> device-plugin): cordon; wait until GPU pods finished; remove the pilot label; wait until the node's
+ResourceSlices of the driver are gone (the kubelet wipes them ~30 s after the plugin unregisters,
+pkg/kubelet/cm/dra); set nvidia.com/gpu.deploy.device-plugin=true explicitly (the GPU Operator re-adds a removed
+label only on a reconcile triggered by other label changes, controllers/state_manager.go). RollbackVerification
+then runs a check pod on the device-plugin path and uncordons.
+
+Only the standard Kubernetes API is used (kubernetes client), so this runs unchanged against a real API server. Each
+step is idempotent: an interrupted switch resumes from the node's labels on the next `pulumi up`.
+"""
+from typing import Any, Optional
+
+import pulumi
+from kubernetes import client
+from pulumi.dynamic import Resource
+
+from . import kube_checks
+from .kube_providers import CheckFailed, _Provider, _short, _timing
+from .node_labels import DEVICE_PLUGIN_LABEL
+from .waiting import WaitTimeout, wait_for
+
+# Set when this program cordons a node for a switch; whoever finishes the switch uncordons only nodes carrying it,
+# so a node an admin cordoned stays cordoned.
+from .kube_providers import CORDON_ANNOTATION  # noqa: E402
+
+
+def cordon(api, node: str, reason: str) -> None:
+    core = client.CoreV1Api(api)
+    current = core.read_node(node)
+    if current.spec.unschedulable and not (current.metadata.annotations or {}).get(CORDON_ANNOTATION):
+        return  # cordoned by someone else: leave it to them
+    core.patch_node(node, {"metadata": {"annotations": {CORDON_ANNOTATION: reason}}, "spec": {"unschedulable": True}})
+
+
+def uncordon_if_ours(api, node: str) -> bool:
+    core = client.CoreV1Api(api)
+    if not (core.read_node(node).metadata.annotations or {}).get(CORDON_ANNOTATION):
+        return False
+    core.patch_node(node, {"metadata": {"annotations": {CORDON_ANNOTATION: None}}, "spec": {"unschedulable": None}})
+    return True
+
+
+def set_labels(api, node: str, labels: dict[str, Optional[str]]) -> None:
+    client.CoreV1Api(api).patch_node(node, {"metadata": {"labels": labels}})
+
+
+def _wait(what: str, poll, props: dict[str, Any], key: str, default: float, node: str, left: str) -> None:
+    timing = {**_timing(props, default), "timeout": float(props.get(key) or default)}
+    resume = f"node {node} is left cordoned, {left}; run `pulumi up` again to continue (the switch resumes where it " \
+             f"stopped)"
+    try:
+        wait_for(what, poll, **timing)
+    except WaitTimeout as e:
+        raise CheckFailed(f"{e}\n{resume}") from None
+    except Exception as e:  # an API error mid-wait: the node is cordoned all the same (Interrupted passes through)
+        raise CheckFailed(f"reading the cluster failed while waiting for {what}: {_short(e)}\n{resume}") from e
+
+
+def labels_of(api, node: str) -> dict[str, str]:
+    return client.CoreV1Api(api).read_node(node).metadata.labels or {}
+
+
+# With driver.manager.env NODE_LABEL_FOR_GPU_POD_EVICTION=<pilot label key>, NVIDIA's driver manager evicts the DRA
+# kubelet plugin while it (re)installs the driver: it rewrites that label to `<value>_paused-for-driver-upgrade`
+# (`paused-for-driver-upgrade` if the value is "true") and restores it afterwards; it also cordons and uncordons the
+# node (NVIDIA/k8s-driver-manager cmd/driver-manager/main.go: maybeSetPaused, maybeSetTrue, uninstallDriver).
+# The switch never writes the label while it is paused.
+PAUSED = "paused-for-driver-upgrade"
+
+
+def refuse_if_paused(node: str, labels: dict[str, str], key: str) -> None:
+    if PAUSED in labels.get(key, ""):
+        raise CheckFailed(
+            f"node {node}: {key}={labels[key]}: the GPU Operator's driver manager is upgrading the driver there and "
+            f"has paused the DRA kubelet plugin; nothing was changed. Run `pulumi up` again once the upgrade is done "
+            f"(the label is back to its value)")
+
+
+def forward(api, p: dict[str, Any]) -> bool:
+    """device-plugin -> dra. Returns False if the node already was on the DRA path."""
+    node, resource = p["node"], p["device_plugin_resource"]
+    key, _, value = p["pilot_label"].partition("=")
+    labels = labels_of(api, node)
+    refuse_if_paused(node, labels, key)
+    if labels.get(key) == value and labels.get(DEVICE_PLUGIN_LABEL) == "false":
+        return False
+    pulumi.log.info(f"node {node}: switching from the device plugin to DRA; cordoning it")
+    cordon(api, node, "dra")
+
+    if labels.get(DEVICE_PLUGIN_LABEL) != "false":
+        def plugin_pods():
+            pods = kube_checks.device_plugin_gpu_pods(api, node, resource)
+            return not pods, pods, f"pods holding {resource} through the device plugin: {', '.join(pods)}"
+
+        _wait(f"device-plugin GPU pods on node {node} to finish or move", plugin_pods, p, "drain_timeout", 1800, node,
+              "its device plugin still on and no pilot label")
+        set_labels(api, node, {DEVICE_PLUGIN_LABEL: "false"})
+
+    def plugin_gone():
+        # Also no pod holding a plugin GPU (one that tolerates the cordon may have started meanwhile).
+        count = kube_checks.allocatable(client.CoreV1Api(api).read_node(node), resource)
+        pods = kube_checks.device_plugin_gpu_pods(api, node, resource)
+        return count == 0 and not pods, count, f"{resource} allocatable {count}" + (
+            f", pods holding it: {', '.join(pods)}" if pods else "")
+
+    _wait(f"node {node} to stop offering {resource} through the device plugin", plugin_gone, p, "switch_timeout", 300,
+          node, f"{DEVICE_PLUGIN_LABEL}=false set and no pilot label yet")
+    set_labels(api, node, {key: value})
+    pulumi.log.info(f"node {node}: device plugin off, pilot label {key}={value} set; DRA publishes its GPUs")
+    return True
+
+
+def rollback(api, p: dict[str, Any]) -> bool:
+    """dra -> device-plugin. Returns False if the node was not on (or switching to) the DRA path."""
+    node, driver = p["node"], p["driver"]
+    key = p["pilot_label"].partition("=")[0]
+    labels = labels_of(api, node)
+    if key not in labels and labels.get(DEVICE_PLUGIN_LABEL) != "false":
+        # Never left the device-plugin path (e.g. a forward switch that timed out waiting for GPU pods and was then
+        # called off): only the cordon it left behind has to go.
+        if uncordon_if_ours(api, node):
+            pulumi.log.info(f"node {node}: still on the device plugin; uncordoned (an unfinished switch cordoned it)")
+        return False
+    refuse_if_paused(node, labels, key)
+    pulumi.log.info(f"node {node}: rolling back from DRA to the device plugin; cordoning it")
+    cordon(api, node, "device-plugin")
+
+    def gpu_pods():
+        pods = kube_checks.gpu_pods(api, node, p["extended_resource"])
+        return not pods, pods, f"GPU pods still running: {', '.join(pods)}"
+
+    _wait(f"GPU pods on node {node} to finish", gpu_pods, p, "drain_timeout", 1800, node, "its labels unchanged")
+    if key in labels:
+        set_labels(api, node, {key: None})
+
+    def slices_gone():
+        count = kube_checks.devices_per_node(api, driver).get(node, 0)
+        return count == 0, count, f"{count} DRA devices of driver {driver} still published"
+
+    _wait(f"ResourceSlices of driver {driver} on node {node} to be wiped", slices_gone, p, "switch_timeout", 300, node,
+          f"pilot label removed, {DEVICE_PLUGIN_LABEL} still false")
+    set_labels(api, node, {DEVICE_PLUGIN_LABEL: "true"})
+    pulumi.log.info(f"node {node}: DRA devices gone, {DEVICE_PLUGIN_LABEL}=true set")
+    return True
+
+
+class _NodePathSwitchProvider(_Provider):
+    rerun_on = ("node", "target", "pilot_label", "device_plugin_resource", "extended_resource", "driver")
+
+    def run(self, api, p):
+        if p["target"] == "dra":
+            return {"switched": forward(api, p), "rolling_back": False}
+        return {"switched": False, "rolling_back": rollback(api, p)}
+
+
+class NodePathSwitch(Resource, module="gpu-migration", name="NodePathSwitch"):
+    """Moves the node to `target` ("dra" or "device-plugin") step by step; a no-op if it is already there."""
+
+    switched: pulumi.Output[bool]  # forward switch done by this run (the smoke test then uncordons)
+    rolling_back: pulumi.Output[bool]  # rollback done by this run (RollbackVerification then checks and uncordons)
+
+    def __init__(
+        self,
+        name: str,
+        kubeconfig: pulumi.Input[Optional[str]],
+        node: pulumi.Input[str],
+        target: str,
+        pilot_label: str,
+        device_plugin_resource: str,
+        extended_resource: str,
+        driver: str,
+        drain_timeout: float,
+        switch_timeout: float,
+        poll_interval: float,
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ):
+        props = dict(kubeconfig=kubeconfig, node=node, target=target, pilot_label=pilot_label,
+                     device_plugin_resource=device_plugin_resource, extended_resource=extended_resource,
+                     driver=driver, drain_timeout=drain_timeout, switch_timeout=switch_timeout,
+                     poll_interval=poll_interval, switched=None, rolling_back=None)
+        super().__init__(_NodePathSwitchProvider(), name, props, opts)
