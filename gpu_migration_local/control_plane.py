@@ -6,6 +6,7 @@ gpu_doubles.py play the NVIDIA components. DRA allocation is done by the real ku
 """
 from __future__ import annotations
 
+import base64
 import json
 import pathlib
 import shutil
@@ -37,6 +38,9 @@ CONTROLLERS = [
     "job-controller",
     "pod-garbage-collector-controller",
     "disruption-controller",  # PodDisruptionBudget status, which the Eviction API reads
+    # Removes the node.kubernetes.io/not-ready taint that admission (TaintNodesByCondition) puts on every new Node
+    # once kwok reports it Ready, and sets it again when a node's lease lapses — as on a real cluster.
+    "node-lifecycle-controller",
 ]
 
 
@@ -145,6 +149,8 @@ class ControlPlane:
         ])
         apiserver.start()
         self._wait_ready(f"{self.server}/readyz", "kube-apiserver /readyz", timeout, [etcd, apiserver])
+        # Clients verify the API server: its self-signed serving cert (with its CA) from --cert-dir.
+        self._write_kubeconfig(ca=d / "apiserver-certs" / "apiserver.crt")
 
         common = ["--kubeconfig", str(self.kubeconfig), "--authentication-kubeconfig", str(self.kubeconfig),
                   "--authorization-kubeconfig", str(self.kubeconfig), "--leader-elect=false",
@@ -180,10 +186,15 @@ class ControlPlane:
         path.write_text(KWOK_STAGES.read_text().replace("${KUBELET_PORT}", str(self.kubelet_port)))
         return path
 
-    def _write_kubeconfig(self) -> None:
+    def _write_kubeconfig(self, ca: Optional[pathlib.Path] = None) -> None:
+        cluster = {"server": self.server}
+        if ca is None:
+            cluster["insecure-skip-tls-verify"] = True  # only to wait for /readyz before the cert exists
+        else:
+            cluster["certificate-authority-data"] = base64.b64encode(ca.read_bytes()).decode()
         cfg = {
             "apiVersion": "v1", "kind": "Config", "current-context": "local",
-            "clusters": [{"name": "local", "cluster": {"server": self.server, "insecure-skip-tls-verify": True}}],
+            "clusters": [{"name": "local", "cluster": cluster}],
             "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
             "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
         }

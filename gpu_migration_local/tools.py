@@ -53,10 +53,13 @@ def engine_env() -> dict[str, str]:
     pulumi_home = b.parent / "pulumi-home"
     env = {
         **os.environ,
-        # The venv's python first: the dynamic-provider host runs `python3 -m pulumi.dynamic`.
-        "PATH": os.pathsep.join([str(pathlib.Path(sys.executable).parent), str(b), os.environ.get("PATH", "")]),
+        # The venv's python first: the dynamic-provider host runs `python3 -m pulumi.dynamic`. The tool dir stays off
+        # PATH: the CLI finds its bundled launcher beside itself, and plugins only where `plugin install` put them.
+        "PATH": os.pathsep.join([str(pathlib.Path(sys.executable).parent), os.environ.get("PATH", "")]),
         "PULUMI_HOME": str(pulumi_home),
         "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+        # Plugins come from PULUMI_HOME, registered at the version the SDK requests, not from beside the CLI.
+        "PULUMI_IGNORE_AMBIENT_PLUGINS": "true",
         "PULUMI_SKIP_UPDATE_CHECK": "true",
         "PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK": "true",
     }

@@ -49,3 +49,24 @@ class Project:
 
     def stack(self, stack: str = "local", program=None):
         return self.engine.stack(stack, program)
+
+
+EVERY_UP_CHECKS = {"gpu-node-inventory", "operand-placement"}  # read-only checks that run (as updates) on every up
+
+
+def planned_changes(stack, **kwargs) -> dict[str, str]:
+    """`pulumi preview` under the real engine: {resource name: op} for every step that is not `same`."""
+    steps: dict[str, str] = {}
+
+    def on_event(event) -> None:
+        pre = event.resource_pre_event
+        if pre is not None and pre.metadata.op.value != "same":
+            steps[pre.metadata.urn.rsplit("::", 1)[1]] = pre.metadata.op.value
+
+    stack.preview(on_event=on_event, **kwargs)
+    return steps
+
+
+def meaningful(changes: dict[str, str]) -> dict[str, str]:
+    """Changes other than the every-up checks (which include each node's `<node>-operand-placement`)."""
+    return {k: v for k, v in changes.items() if k not in EVERY_UP_CHECKS and not k.endswith("-operand-placement")}
