@@ -8,6 +8,7 @@ test can predict them.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import uuid
@@ -82,6 +83,7 @@ class GpuDoubles:
     _plugin_gone_since: dict[str, float] = field(default_factory=dict)
     _prepared: set[str] = field(default_factory=set)
     _finished: set[str] = field(default_factory=set)
+    _running_since: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -262,7 +264,8 @@ class GpuDoubles:
     def _run_gpu_programs(self, nodes: dict[str, client.V1Node], pods: list[client.V1Pod]) -> None:
         """The container runtime for pods whose program ends (restartPolicy Never/OnFailure): `nvidia-smi -L` prints
         one line per visible GPU (format in ../shared/reference/nvidia-dra.md) and exits 0; no GPU visible -> exit 6
-        ("No devices were found"). Other programs exit 0. Fault injection on the node via SMI_FAULT_ANNOTATION."""
+        ("No devices were found"). A `sleep N` in the program holds the pod Running for N seconds first. Other
+        programs exit 0. Fault injection on the node via SMI_FAULT_ANNOTATION."""
         for pod in pods:
             uid = pod.metadata.uid
             if uid in self._finished or not _running(pod) or pod.spec.restart_policy == "Always":
@@ -270,9 +273,13 @@ class GpuDoubles:
             node = nodes.get(pod.spec.node_name)
             if node is None:
                 continue
-            self._finished.add(uid)
             container = pod.spec.containers[0]
             program = " ".join([*(container.command or []), *(container.args or [])])
+            hold = sum(float(m) for m in re.findall(r"\bsleep\s+(\d+(?:\.\d+)?)", program))
+            started = self._running_since.setdefault(uid, time.monotonic())
+            if time.monotonic() - started < hold:
+                continue
+            self._finished.add(uid)
             exit_code = 0
             if "nvidia-smi" in program:
                 uuids = self._allocated_uuids(pod, node) or []

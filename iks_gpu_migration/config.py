@@ -144,8 +144,11 @@ class HelmChart(Model):
 class SmokeTest(Model):
     image: str = Field(min_length=1)
     namespace: str = "gpu-pilot"
-    # Prints the allocated GPU (UUID) and runs a GPU operation; non-zero exit fails verification.
-    command: list[str] = ["sh", "-c", "nvidia-smi -L && nvidia-smi --query-gpu=uuid,name --format=csv,noheader"]
+    # Prints the allocated GPU (UUID) and runs a GPU operation; non-zero exit fails verification. It then holds the
+    # GPU for a minute: the verification reads the pod's ResourceClaim while the pod runs, because the resourceclaim
+    # controller deletes it once the pod is done (kubernetes pkg/controller/resourceclaim/controller.go).
+    command: list[str] = ["sh", "-c",
+                          "nvidia-smi -L && nvidia-smi --query-gpu=uuid,name --format=csv,noheader && sleep 60"]
 
     @field_validator("namespace")
     @classmethod

@@ -4,7 +4,7 @@ An empty list means the check passed. The dynamic providers in kube_providers po
 """
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from kubernetes import client
 from kubernetes.client import ApiClient
@@ -302,8 +302,23 @@ def scheduling_problems(api: ApiClient, pod: client.V1Pod, node: str) -> list[st
     return problems
 
 
-def allocation(api: ApiClient, pod: client.V1Pod, driver: str, extended_resource: str, result: SmokeResult) -> None:
-    """Fill result.claim/device from the pod's DRA extended-resource claim, or add a criterion-2 problem."""
+def capture_claim(api: ApiClient, pod: client.V1Pod, claims: dict[str, Any]) -> None:
+    """Keep the pod's extended-resource claim (by name) the first time it can be read."""
+    status = pod.status.extended_resource_claim_status if pod.status else None
+    if not status or status.resource_claim_name in claims:
+        return
+    try:
+        claims[status.resource_claim_name] = client.ResourceV1Api(api).read_namespaced_resource_claim(
+            status.resource_claim_name, pod.metadata.namespace)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+def allocation(api: ApiClient, pod: client.V1Pod, driver: str, extended_resource: str, result: SmokeResult,
+               claims: Optional[dict[str, Any]] = None) -> None:
+    """Fill result.claim/device from the pod's DRA extended-resource claim, or add a criterion-2 problem.
+    `claims`: claims read while the pod ran (the resourceclaim controller deletes a finished pod's claim)."""
     name = f"{pod.metadata.namespace}/{pod.metadata.name}"
     status = pod.status.extended_resource_claim_status if pod.status else None
     if not status:
@@ -314,7 +329,15 @@ def allocation(api: ApiClient, pod: client.V1Pod, driver: str, extended_resource
         return
     requests = {m.request_name for m in status.request_mappings or [] if m.resource_name == extended_resource}
     result.claim = f"{pod.metadata.namespace}/{status.resource_claim_name}"
-    claim = client.ResourceV1Api(api).read_namespaced_resource_claim(status.resource_claim_name, pod.metadata.namespace)
+    claims = {} if claims is None else claims
+    capture_claim(api, pod, claims)
+    claim = claims.get(status.resource_claim_name)
+    if claim is None:
+        result.problems.append(
+            f"criterion 2 (allocation): ResourceClaim {result.claim} was deleted before it could be read (the "
+            f"resourceclaim controller removes a finished pod's claim); make gpu-migration:smokeTest.command hold "
+            f"the GPU longer than timeouts.pollInterval, e.g. end it with `&& sleep 60`")
+        return
     alloc = claim.status.allocation if claim.status else None
     results = (alloc.devices.results or []) if alloc and alloc.devices else []
     ours = [r for r in results if r.driver == driver and (not requests or r.request in requests)]
@@ -372,7 +395,7 @@ def uuid_problem(seen: list[str], allocated: str) -> str:
 
 def verify_smoke(
     api: ApiClient, namespace: str, pod_name: str, node: str, driver: str, extended_resource: str,
-    dra_namespace: Optional[str] = None,
+    dra_namespace: Optional[str] = None, claims: Optional[dict[str, Any]] = None,
 ) -> SmokeResult:
     """The four smoke-test criteria for a finished pod; each problem says which criterion failed and what was seen.
     With `dra_namespace`, criterion 2 also needs the DRA kubelet plugin's log line for the pod's claim."""
@@ -380,7 +403,7 @@ def verify_smoke(
     pod = core.read_namespaced_pod(pod_name, namespace)
     name = f"{namespace}/{pod_name}"
     result = SmokeResult(problems=scheduling_problems(api, pod, node))
-    allocation(api, pod, driver, extended_resource, result)
+    allocation(api, pod, driver, extended_resource, result, claims)
     if dra_namespace and result.claim_uid:
         allocation_logged(api, dra_namespace, node, result)
 

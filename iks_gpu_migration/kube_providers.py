@@ -151,8 +151,11 @@ class DraPreflight(Resource, module="gpu-migration", name="DraPreflight"):
 # --- Smoke-test verification -------------------------------------------------------------------------------------
 
 
-def _wait_for_pod_end(api, namespace: str, name: str, uid: Optional[str], props: dict[str, Any], default: float):
-    """Wait until the pod Succeeded/Failed (or is unschedulable); return it."""
+def _wait_for_pod_end(api, namespace: str, name: str, uid: Optional[str], props: dict[str, Any], default: float,
+                      claims: Optional[dict[str, Any]] = None):
+    """Wait until the pod Succeeded/Failed (or is unschedulable); return it. With `claims`, the pod's DRA
+    extended-resource claim is read (once) while the pod still holds it: kube-controller-manager's resourceclaim
+    controller deletes that claim as soon as the pod is done (kubernetes pkg/controller/resourceclaim/controller.go)."""
     def poll():
         try:
             pod = client.CoreV1Api(api).read_namespaced_pod(name, namespace)
@@ -162,6 +165,8 @@ def _wait_for_pod_end(api, namespace: str, name: str, uid: Optional[str], props:
             raise
         if uid and pod.metadata.uid != uid:
             return False, None, f"pod has uid {pod.metadata.uid}, expected {uid}"
+        if claims is not None:
+            kube_checks.capture_claim(api, pod, claims)
         phase = pod.status.phase if pod.status else None
         unschedulable = [c for c in (pod.status.conditions or []) if pod.status
                          if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"]
@@ -242,14 +247,15 @@ class _SmokeTestVerificationProvider(_Provider):
                 pulumi.log.info(f"node {node}: smoke pod {pod} failed before; replacing it to run the test again")
                 uid = _recreate_pod(api, p["namespace"], p["pod_name"])
         try:
-            ended = _wait_for_pod_end(api, p["namespace"], p["pod_name"], uid, p, 600)
+            claims: dict[str, Any] = {}
+            ended = _wait_for_pod_end(api, p["namespace"], p["pod_name"], uid, p, 600, claims)
             stuck = stuck_containers(ended)
             if stuck:
                 result = kube_checks.SmokeResult(problems=[f"criterion 4 (GPU operation): pod {pod} {s}"
                                                            for s in stuck])
             else:
                 result = kube_checks.verify_smoke(api, p["namespace"], p["pod_name"], node, p["driver"],
-                                                  p["extended_resource"], p.get("dra_namespace"))
+                                                  p["extended_resource"], p.get("dra_namespace"), claims)
         except WaitTimeout as e:
             result = kube_checks.SmokeResult(problems=[f"criterion 4 (GPU operation): {e}"])
         passed = not result.problems
