@@ -85,6 +85,7 @@ class GpuDoubles:
     _finished: set[str] = field(default_factory=set)
     _running_since: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    smi_fault: str = ""  # like SMI_FAULT_ANNOTATION, for every node (tests that can't know the new node's name)
 
     def __post_init__(self) -> None:
         self.core = client.CoreV1Api(self.api_client)
@@ -243,7 +244,7 @@ class GpuDoubles:
                 continue
             self._prepared.add(uid)
             devices = [r["device"] for r in c["status"]["allocation"]["devices"]["results"]]
-            self.logs.append(plugin.metadata.namespace, plugin.metadata.name, "gpus",
+            self.logs.append(plugin.metadata.namespace, plugin.metadata.name, "gpus", uid=plugin.metadata.uid, line=
                              f"I1202 driver.go:150] Returning newly prepared devices for claim '{uid}': "
                              f"[{{Devices: {devices}}}]")
 
@@ -283,15 +284,15 @@ class GpuDoubles:
             exit_code = 0
             if "nvidia-smi" in program:
                 uuids = self._allocated_uuids(pod, node) or []
-                fault = (node.metadata.annotations or {}).get(SMI_FAULT_ANNOTATION, "")
+                fault = (node.metadata.annotations or {}).get(SMI_FAULT_ANNOTATION, "") or self.smi_fault
                 if fault.startswith("uuid="):
                     uuids = [fault.split("=", 1)[1]]
                 for i, u in enumerate(uuids):
                     self.logs.append(pod.metadata.namespace, pod.metadata.name, container.name,
-                                     f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: {u})")
+                                     f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: {u})", uid)
                 if not uuids:
                     self.logs.append(pod.metadata.namespace, pod.metadata.name, container.name,
-                                     "No devices were found")
+                                     "No devices were found", uid)
                     exit_code = 6
                 if fault.startswith("exit="):
                     exit_code = int(fault.split("=", 1)[1])

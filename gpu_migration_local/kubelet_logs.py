@@ -14,14 +14,21 @@ from collections import defaultdict
 
 
 class LogStore:
-    """Container logs by (namespace, pod, container); written by the doubles that play what runs in the pods."""
+    """Container logs by (namespace, pod, container); written by the doubles that play what runs in the pods. A new
+    pod under the same name (another uid) starts with empty logs, as its containers are new."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._logs: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+        self._uids: dict[tuple[str, str], str] = {}
 
-    def append(self, namespace: str, pod: str, container: str, line: str) -> None:
+    def append(self, namespace: str, pod: str, container: str, line: str, uid: str = "") -> None:
         with self._lock:
+            if uid and self._uids.get((namespace, pod)) not in (None, uid):
+                for key in [k for k in self._logs if k[:2] == (namespace, pod)]:
+                    del self._logs[key]
+            if uid:
+                self._uids[(namespace, pod)] = uid
             self._logs[(namespace, pod, container)].append(line)
 
     def read(self, namespace: str, pod: str, container: str) -> str:

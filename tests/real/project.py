@@ -55,17 +55,30 @@ class Project:
 EVERY_UP_CHECKS = {"gpu-node-inventory", "operand-placement"}  # read-only checks that run (as updates) on every up
 
 
+SYMBOLS = {"create": "+", "delete": "-", "update": "~", "replace": "+-", "create-replacement": "+-",
+           "delete-replaced": "+-"}
+
+
 def planned_changes(stack, **kwargs) -> dict[str, str]:
-    """`pulumi preview` under the real engine: {resource name: op} for every step that is not `same`."""
+    """`pulumi preview` under the real engine: {resource name: + - ~ +-} for every step that is not `same`."""
     steps: dict[str, str] = {}
 
     def on_event(event) -> None:
         pre = event.resource_pre_event
-        if pre is not None and pre.metadata.op.value != "same":
-            steps[pre.metadata.urn.rsplit("::", 1)[1]] = pre.metadata.op.value
+        op = pre.metadata.op.value if pre is not None else "same"
+        if op in SYMBOLS and not pre.metadata.type.startswith("pulumi:providers:"):
+            name = pre.metadata.urn.rsplit("::", 1)[1]
+            steps[name] = "+-" if steps.get(name, SYMBOLS[op]) != SYMBOLS[op] else SYMBOLS[op]
 
     stack.preview(on_event=on_event, **kwargs)
     return steps
+
+
+def by_symbol(changes: dict[str, str]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for name, sym in changes.items():
+        out.setdefault(sym, set()).add(name)
+    return out
 
 
 def meaningful(changes: dict[str, str]) -> dict[str, str]:

@@ -1,26 +1,27 @@
 """Whole-migration scenarios under the real Pulumi CLI and engine, against the local control plane (real scheduler,
-real DRA allocation) and the IKS emulator. Each test gets its own cluster."""
+real DRA allocation, real controllers) and the IKS emulator. Each test gets its own cluster."""
 import json
+from dataclasses import dataclass
 
 import pytest
+import yaml
 from kubernetes import client
+from pulumi.automation import CommandError
 
 from gpu_migration_local.env import LocalCluster
 from gpu_migration_local.gpu_doubles import gpu_uuid
+from preview_diff import preview
 
 from .kube import eventually
 from .local_iks import local_iks
-from .project import local_config, meaningful, planned_changes
+from .project import by_symbol, local_config, meaningful, planned_changes
 
 A, B, C = "10.240.0.11", "10.240.0.12", "10.240.0.13"
 WORKERS = {A: "kube-local0001-gpu-00000101", B: "kube-local0001-gpu-00000102", C: "kube-local0001-gpu-00000103"}
 PILOT = "migration.example.com/gpu-dra"
-
-
-@pytest.fixture
-def fresh_cluster():
-    with LocalCluster() as c:
-        yield c
+PLUGIN = "nvidia.com/gpu.deploy.device-plugin"
+VERIFICATION = "migration.example.com/gpu-verification"
+PILOT_STAGES = {A: "dra", B: "device-plugin", C: "ibm-managed"}
 
 
 def nodes_config(stages: dict[str, str]) -> list[dict]:
@@ -42,40 +43,211 @@ class Events:
         return next(i for i, (_, n, k) in enumerate(self.steps) if n == name and k == kind)
 
 
-def test_fresh_up_to_one_dra_node(fresh_cluster, project):
-    cluster = fresh_cluster
-    core = client.CoreV1Api(cluster.api_client)
-    with local_iks(cluster, WORKERS) as iks:
-        eventually(lambda: len(core.list_node().items) == 3, "three IKS GPU nodes registered")
-        project.write_stack(local_config(cluster, iks, nodes_config({A: "dra", B: "device-plugin", C: "ibm-managed"})))
-        stack = project.stack()
+@dataclass
+class Env:
+    cluster: LocalCluster
+    iks: object
+    project: object
+    core: client.CoreV1Api
+
+    def config(self, stages: dict[str, str], **extra) -> dict:
+        return local_config(self.cluster, self.iks, nodes_config(stages), **extra)
+
+    def up(self, stages: dict[str, str], **extra):
+        self.project.write_stack(self.config(stages, **extra))
         events = Events()
-        result = stack.up(on_output=print, on_event=events)
+        result = self.project.stack().up(on_output=print, on_event=events)
         assert result.summary.result == "succeeded"
+        return result, events
 
-        # The master reached 1.37 before any worker was replaced, one minor at a time.
-        calls = [(m, p) for m, p in iks.requests if p.startswith("/v1/clusters/") or p == "/v2/vpc/replaceWorker"]
-        assert [m for m, _ in calls[:2]] == ["PUT", "PUT"] and calls[2:] and {p for _, p in calls[2:]} == {
-            "/v2/vpc/replaceWorker"}, calls
-        # The fence came before the operator; replacements ran one at a time.
-        assert events.index(f"{A}-fence", "done") < events.index("gpu-operator", "pre")
-        assert events.index(f"{B}-fence", "done") < events.index("gpu-operator", "pre")
-        first_ready = events.index(f"{A}-operator-ready", "done")
-        assert first_ready < events.index(f"{B}-replacement", "pre")
+    def node(self, name: str) -> client.V1Node:
+        return self.core.read_node(name)
 
-        out = result.outputs
-        new_a = out[f"node:{A}"].value["nodeName"]
-        assert new_a != A
-        labels = core.read_node(new_a).metadata.labels
-        assert labels[PILOT] == "pilot" and labels["nvidia.com/gpu.deploy.device-plugin"] == "false"
-        # The smoke pod was scheduled by the real scheduler through DRA onto the pilot node and judged on 4 criteria.
-        smoke = out[f"node:{A}"].value["smokeTest"]
-        assert smoke.startswith("passed") and gpu_uuid(new_a, 0) in smoke, smoke
-        record = json.loads(core.read_node(new_a).metadata.annotations["migration.example.com/gpu-verification"])
-        assert record["result"] == "passed" and record["gpu"] == gpu_uuid(new_a, 0), record
-        assert not core.read_node(new_a).spec.unschedulable  # uncordoned after the smoke test
-        # Never one GPU on two paths: the dra node offers no device-plugin GPUs; C keeps IBM's.
-        assert (core.read_node(new_a).status.allocatable or {}).get("nvidia.com/gpu", "0") == "0"
-        new_b = out[f"node:{B}"].value["nodeName"]
-        assert core.read_node(new_b).status.allocatable["nvidia.com/gpu"] == "1"
-        assert meaningful(planned_changes(stack)) == {}
+    def record(self, name: str) -> dict:
+        return json.loads(self.node(name).metadata.annotations[VERIFICATION])
+
+
+@pytest.fixture
+def env(project):
+    with LocalCluster() as cluster, local_iks(cluster, WORKERS) as iks:
+        core = client.CoreV1Api(cluster.api_client)
+        eventually(lambda: len(core.list_node().items) == 3, "three IKS GPU nodes registered")
+        yield Env(cluster, iks, project, core)
+
+
+def new_name(result, node: str) -> str:
+    return result.outputs[f"node:{node}"].value["nodeName"]
+
+
+# 1 -----------------------------------------------------------------------------------------------------------------
+def test_fresh_up_to_one_dra_node(env):
+    result, events = env.up(PILOT_STAGES)
+    # The master reached 1.37 before any worker was replaced, one minor at a time.
+    calls = [(m, p) for m, p in env.iks.requests if p.startswith("/v1/clusters/") or p == "/v2/vpc/replaceWorker"]
+    assert [m for m, _ in calls[:2]] == ["PUT", "PUT"], calls
+    assert {p for _, p in calls[2:]} == {"/v2/vpc/replaceWorker"} and len(calls) == 4, calls
+    # The fences came before the operator; replacements ran one at a time (B's after A's readiness).
+    assert events.index(f"{A}-fence", "done") < events.index("gpu-operator", "pre")
+    assert events.index(f"{B}-fence", "done") < events.index("gpu-operator", "pre")
+    assert events.index(f"{A}-operator-ready", "done") < events.index(f"{B}-replacement", "pre")
+
+    new_a, new_b = new_name(result, A), new_name(result, B)
+    assert new_a not in (A, B, C)
+    labels = env.node(new_a).metadata.labels
+    assert labels[PILOT] == "pilot" and labels[PLUGIN] == "false"
+    # The smoke pod was scheduled by the real scheduler through DRA onto the pilot node and passed all 4 criteria.
+    smoke = result.outputs[f"node:{A}"].value["smokeTest"]
+    assert smoke.startswith("passed") and gpu_uuid(new_a, 0) in smoke, smoke
+    record = env.record(new_a)
+    assert record["result"] == "passed" and record["gpu"] == gpu_uuid(new_a, 0), record
+    assert not env.node(new_a).spec.unschedulable
+    # Never one GPU on two paths: the dra node offers no plugin GPUs; B has the operator's; C keeps IBM's.
+    assert (env.node(new_a).status.allocatable or {}).get("nvidia.com/gpu", "0") == "0"
+    assert env.node(new_b).status.allocatable["nvidia.com/gpu"] == "1"
+    assert env.node(C).metadata.labels["nvidia.com/gpu.deploy.operands"] == "false"
+    assert meaningful(planned_changes(env.project.stack())) == {}
+
+
+# 2 -----------------------------------------------------------------------------------------------------------------
+def test_preview_of_one_more_dra_node_shows_what_the_readme_says(env):
+    env.up(PILOT_STAGES)
+    old = env.config(PILOT_STAGES)
+    new = env.config({**PILOT_STAGES, B: "dra"})
+    env.project.write_stack(new)
+    real = by_symbol(meaningful(planned_changes(env.project.stack())))
+    promised = {k: v for k, v in preview(old, new).items() if k != "every up" and v}
+    assert real == promised
+
+
+# 3 -----------------------------------------------------------------------------------------------------------------
+def test_pilot_expansion_by_editing_the_stack_file(env):
+    first, _ = env.up(PILOT_STAGES)
+    replaces_before = env.iks.count("POST", "/v2/vpc/replaceWorker")
+    result, _ = env.up({**PILOT_STAGES, B: "dra"})
+    new_a, new_b = new_name(result, A), new_name(result, B)
+    assert new_b == new_name(first, B)  # moving to dra replaces no worker
+    assert env.iks.count("POST", "/v2/vpc/replaceWorker") == replaces_before
+    for n in (new_a, new_b):
+        labels = env.node(n).metadata.labels
+        assert labels[PILOT] == "pilot" and labels[PLUGIN] == "false"
+        assert env.record(n)["result"] == "passed"
+        assert not env.node(n).spec.unschedulable
+    assert env.record(new_b)["gpu"] == gpu_uuid(new_b, 0)
+
+
+# 4 -----------------------------------------------------------------------------------------------------------------
+def test_rollback_through_stack_history(env):
+    env.up(PILOT_STAGES)
+    good = (env.project.dir / "Pulumi.local.yaml").read_text()  # the stack file of the update that was good
+    expanded, _ = env.up({**PILOT_STAGES, B: "dra"})
+    new_b = new_name(expanded, B)
+    # "git checkout <commit> -- Pulumi.local.yaml": the earlier stack file comes back.
+    (env.project.dir / "Pulumi.local.yaml").write_text(good)
+    stack = env.project.stack()
+    result = stack.up(on_output=print)
+    assert result.summary.result == "succeeded"
+    labels = env.node(new_b).metadata.labels
+    assert PILOT not in labels and labels[PLUGIN] == "true"
+    assert env.node(new_b).status.allocatable["nvidia.com/gpu"] == "1"
+    assert not env.node(new_b).spec.unschedulable
+    record = env.record(new_b)
+    assert record["result"] == "passed" and record["path"] == "device-plugin", record
+    # The DeviceClass stays while A is dra, and A still passes.
+    classes = client.CustomObjectsApi(env.cluster.api_client).list_cluster_custom_object(
+        "resource.k8s.io", "v1", "deviceclasses")["items"]
+    assert any(c["spec"].get("extendedResourceName") == "nvidia.com/gpu" for c in classes)
+    assert env.node(new_name(result, A)).metadata.labels[PILOT] == "pilot"
+    # Three updates in the stack history.
+    assert len(stack.history()) == 3
+
+
+# 6 -----------------------------------------------------------------------------------------------------------------
+def test_failing_smoke_test_stops_up_and_names_the_criterion(env):
+    env.cluster.doubles.smi_fault = "uuid=GPU-00000000-0000-0000-0000-000000000000"
+    env.project.write_stack(env.config(PILOT_STAGES))
+    stack = env.project.stack()
+    with pytest.raises(CommandError) as failed:
+        stack.up(on_output=print)
+    assert "criterion 3" in str(failed.value) and "GPU-00000000" in str(failed.value)
+    assert "Fix the cause and run `pulumi up` again" in str(failed.value)
+    # The fault is fixed; the documented command (`pulumi up` again) replaces the pod and passes.
+    env.cluster.doubles.smi_fault = ""
+    result = stack.up(on_output=print)
+    new_a = new_name(result, A)
+    assert env.record(new_a)["result"] == "passed"
+    assert not env.node(new_a).spec.unschedulable
+
+
+# 7 -----------------------------------------------------------------------------------------------------------------
+def test_bad_config_fails_preview_naming_the_key_and_creates_nothing(env):
+    cfg = env.config(PILOT_STAGES)
+    cfg["nodes"][1]["stage"] = "dra-pilot"
+    env.project.write_stack(cfg)
+    stack = env.project.stack()
+    with pytest.raises(CommandError) as failed:
+        stack.preview(on_output=print)
+    assert "gpu-migration:nodes[1].stage" in str(failed.value) and "dra-pilot" in str(failed.value)
+    with pytest.raises(CommandError):
+        stack.up(on_output=print)
+    assert [r for r in stack.export_stack().deployment.get("resources", [])
+            if r["type"] != "pulumi:pulumi:Stack"] == []
+    assert all(not (n.metadata.labels or {}).get("nvidia.com/gpu.deploy.operands") for n in env.core.list_node().items)
+    assert env.iks.count("PUT", f"/v1/clusters/{env.iks.cluster_name}") == 0
+
+
+# 5 -----------------------------------------------------------------------------------------------------------------
+def _cli_processes() -> list[int]:
+    """PIDs of `pulumi up` processes started by this test process (the Automation API's CLI)."""
+    import os
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if ppid == os.getpid() and argv and argv[0].endswith(b"/pulumi") and b"up" in argv:
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT"])
+def test_interrupted_up_during_a_replacement_converges_with_one_replacement_per_node(env, signal_name):
+    import os
+    import signal
+    import threading
+
+    env.project.write_stack(env.config(PILOT_STAGES))
+    stack = env.project.stack()
+    env.iks.stick_new_workers = True  # the first replacement stays provisioning until we let it go
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["result"] = stack.up(on_output=print)
+        except CommandError as e:
+            outcome["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    eventually(lambda: env.iks.count("POST", "/v2/vpc/replaceWorker") == 1, "the first replaceWorker", timeout=120)
+    pids = eventually(_cli_processes, "the pulumi up process")
+    for pid in pids:
+        os.kill(pid, getattr(signal, signal_name))
+    t.join(timeout=120)
+    assert not t.is_alive() and "error" in outcome, outcome
+    env.iks.stuck.clear()
+    env.iks.stick_new_workers = False
+
+    # The documented recovery (README, "Interrupted runs"): after SIGINT the engine records the interruption and
+    # releases the stack; `pulumi up` again resumes the replacement from the worker's real state.
+    result = stack.up(on_output=print)
+    assert result.summary.result == "succeeded"
+    # Exactly one replacement per migrated node.
+    assert env.iks.count("POST", "/v2/vpc/replaceWorker") == 2, env.iks.requests
+    assert env.record(new_name(result, A))["result"] == "passed"
+    assert meaningful(planned_changes(stack)) == {}
