@@ -215,7 +215,7 @@ def _cli_processes() -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("signal_name", ["SIGINT"])
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
 def test_interrupted_up_during_a_replacement_converges_with_one_replacement_per_node(env, signal_name):
     import os
     import signal
@@ -244,7 +244,12 @@ def test_interrupted_up_during_a_replacement_converges_with_one_replacement_per_
     env.iks.stick_new_workers = False
 
     # The documented recovery (README, "Interrupted runs"): after SIGINT the engine records the interruption and
-    # releases the stack; `pulumi up` again resumes the replacement from the worker's real state.
+    # releases the stack; `pulumi up` again resumes the replacement from the worker's real state. After SIGKILL,
+    # `python -m iks_gpu_migration.recover` resolves the pending creates first.
+    if signal_name == "SIGKILL":
+        from iks_gpu_migration.recover import recover
+        pulumi, cli_env = env.project.engine.cli()
+        assert recover("local", pulumi, cli_env, out=print, kubeconfig=str(env.cluster.kubeconfig)) == 0
     result = stack.up(on_output=print)
     assert result.summary.result == "succeeded"
     # Exactly one replacement per migrated node.

@@ -1,0 +1,121 @@
+"""Recovery after a killed `pulumi up` (SIGKILL, a lost terminal, a crashed machine).
+
+A killed update leaves "pending creates" in the state: resources whose create had started. The engine refuses the
+next `up` until they are resolved, and `pulumi refresh --clear-pending-creates` alone would drop a Helm release that
+was already installed, so the next `up` fails with Helm's "cannot re-use a name that is still in use". This command
+imports what exists (Kubernetes objects and Helm releases, whose IDs follow from their inputs) and clears the rest
+(this program's dynamic resources, whose create resumes from the real state of the worker or node). A Helm install
+killed half-way stays `pending-install` (Helm's release record, a Secret `sh.helm.release.v1.<name>.v<n>` labelled
+`status=pending-install`; helm/helm pkg/storage/driver/secrets.go) and blocks every later install of that name: its
+record is removed, so the next `up` installs the release again and Helm adopts the objects it had already made
+(they carry its meta.helm.sh/release-name annotations; helm/helm pkg/action/validate.go). Run it only when
+the killed `pulumi up` is really gone: it first removes that update's stack lock (`pulumi cancel`).
+
+    python -m iks_gpu_migration.recover --stack pilot [--pulumi PATH]
+    pulumi up --stack pilot
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from typing import Any, Optional
+
+_K8S = "kubernetes:"
+
+
+def provider_id(resource: dict[str, Any]) -> Optional[str]:
+    """The ID pulumi-kubernetes gives what this pending create would have made, or None (nothing to import):
+    `<namespace>/<name>` for namespaced objects and Helm releases, `<name>` for cluster-scoped objects
+    (pulumi/pulumi-kubernetes provider/pkg/provider/provider.go: Create returns the object's fully qualified name)."""
+    typ, inputs = resource.get("type", ""), resource.get("inputs") or {}
+    if not typ.startswith(_K8S):
+        return None
+    if typ == "kubernetes:helm.sh/v3:Release":
+        name, namespace = inputs.get("name"), inputs.get("namespace") or "default"
+        return f"{namespace}/{name}" if name else None
+    if typ.endswith("Patch"):
+        return None  # a patch owns fields of an object it did not create: the next `up` applies it again
+    meta = inputs.get("metadata") or {}
+    name = meta.get("name")
+    if not name:
+        return None
+    return f"{meta['namespace']}/{name}" if meta.get("namespace") else name
+
+
+def pending_creates(deployment: dict[str, Any]) -> list[dict[str, Any]]:
+    return [op["resource"] for op in deployment.get("pending_operations") or [] if op.get("type") == "creating"]
+
+
+def import_pending(pulumi: str, stack: str, ids: dict[str, str], env: Optional[dict]) -> tuple[bool, str]:
+    """Import pending creates {urn: id} in one refresh (a refresh settles every pending create at once, so they
+    can't be imported one by one); False and why if that failed."""
+    pairs = [a for urn, rid in ids.items() for a in ("--import-pending-creates", urn, "--import-pending-creates", rid)]
+    done = subprocess.run([pulumi, "refresh", "--stack", stack, "--yes", "--skip-preview", "--non-interactive",
+                           *pairs], capture_output=True, text=True, env=env)
+    return done.returncode == 0, (done.stdout + done.stderr).strip()[-1500:]
+
+
+def release_stuck_installs(kubeconfig: Optional[str], namespace: str, name: str, out=print) -> bool:
+    """Delete the `pending-install` records of release `name`, left by a killed install; True if there were any."""
+    from kubernetes import client, config as kconfig  # noqa: PLC0415 - only this path needs the cluster
+    api = client.CoreV1Api(kconfig.new_client_from_config(kubeconfig))
+    selector = f"owner=helm,name={name},status=pending-install"
+    for secret in api.list_namespaced_secret(namespace, label_selector=selector).items:
+        api.delete_namespaced_secret(secret.metadata.name, namespace)
+        out(f"removed Helm record {namespace}/{secret.metadata.name} of the install of {name} that was killed "
+            f"(pending-install); the next `up` installs {name} again")
+    return bool(api.list_namespaced_secret(namespace, label_selector=f"owner=helm,name={name}").items) is False
+
+
+def recover(stack: str, pulumi: str = "pulumi", env: Optional[dict] = None, out=print,
+            kubeconfig: Optional[str] = None) -> int:
+    # The killed CLI could not release its lock; with no update running, `pulumi cancel` removes it (a no-op else).
+    subprocess.run([pulumi, "cancel", "--stack", stack, "--yes", "--non-interactive"], capture_output=True,
+                   text=True, env=env)
+    exported = subprocess.run([pulumi, "stack", "export", "--stack", stack], capture_output=True, text=True, env=env)
+    if exported.returncode != 0:
+        out(f"error: pulumi stack export --stack {stack} failed: {exported.stderr.strip()}")
+        return 1
+    pending = pending_creates(json.loads(exported.stdout).get("deployment") or {})
+    if not pending:
+        out(f"stack {stack}: no pending creates; run `pulumi up --stack {stack}`")
+        return 0
+    ids: dict[str, str] = {}
+    for r in pending:
+        rid = provider_id(r)
+        if not rid:
+            continue
+        if r.get("type") == "kubernetes:helm.sh/v3:Release":
+            namespace, name = rid.split("/", 1)
+            if release_stuck_installs(kubeconfig, namespace, name, out):
+                continue  # no release left to import: the next `up` installs it
+        ids[r["urn"]] = rid
+    if ids:
+        ok, why = import_pending(pulumi, stack, ids, env)
+        for urn, rid in ids.items():
+            out(f"imported {urn} as {rid} (it was created before the update was killed)" if ok else
+                f"not imported {urn} as {rid}; it is cleared instead")
+        if not ok:
+            out(why)
+    cleared = subprocess.run([pulumi, "refresh", "--stack", stack, "--yes", "--skip-preview", "--non-interactive",
+                              "--clear-pending-creates"], capture_output=True, text=True, env=env)
+    if cleared.returncode != 0:
+        out(f"error: pulumi refresh --clear-pending-creates failed:\n{cleared.stdout[-2000:]}{cleared.stderr[-2000:]}")
+        return 1
+    out(f"stack {stack}: pending creates resolved; run `pulumi up --stack {stack}` to continue")
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m iks_gpu_migration.recover", description=__doc__.split("\n")[0])
+    parser.add_argument("--stack", required=True)
+    parser.add_argument("--pulumi", default="pulumi", help="the pulumi CLI (default: from PATH)")
+    parser.add_argument("--kubeconfig", help="the cluster's kubeconfig (default: KUBECONFIG / ~/.kube/config)")
+    args = parser.parse_args(argv)
+    return recover(args.stack, args.pulumi, kubeconfig=args.kubeconfig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
