@@ -56,7 +56,7 @@ EVERY_UP_CHECKS = {"gpu-node-inventory", "operand-placement"}  # read-only check
 
 
 SYMBOLS = {"create": "+", "delete": "-", "update": "~", "replace": "+-", "create-replacement": "+-",
-           "delete-replaced": "+-"}
+           "delete-replaced": "+-", "remove-pending-replace": "-"}
 
 
 def planned_changes(stack, **kwargs) -> dict[str, str]:
@@ -68,7 +68,10 @@ def planned_changes(stack, **kwargs) -> dict[str, str]:
         op = pre.metadata.op.value if pre is not None else "same"
         if op in SYMBOLS and not pre.metadata.type.startswith("pulumi:providers:"):
             name = pre.metadata.urn.rsplit("::", 1)[1]
-            steps[name] = "+-" if steps.get(name, SYMBOLS[op]) != SYMBOLS[op] else SYMBOLS[op]
+            if op == "remove-pending-replace":  # a resource gone from the program, deleted before its dependency's
+                steps[name] = "-"               # replacement: the CLI shows it as deleted
+            elif steps.get(name) != "-":
+                steps[name] = "+-" if steps.get(name, SYMBOLS[op]) != SYMBOLS[op] else SYMBOLS[op]
 
     stack.preview(on_event=on_event, **kwargs)
     return steps
