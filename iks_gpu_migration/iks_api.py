@@ -144,6 +144,9 @@ class IksClient(BaseService):
                 problem = f"HTTP {e.status_code}: {api_message(e)}"
             except requests.RequestException as e:  # iam_request_based_token_manager.py: raised by `requests`
                 problem = f"{type(e).__name__}: {e}"
+            # token_manager.paced_request_token leaves request_time set when request_token raises, and would make
+            # the next caller sleep for 60 s "while another thread fetches"; nobody does, so clear it.
+            self.authenticator.token_manager.request_time = 0
             if attempt == IAM_ATTEMPTS:
                 raise IksApiError(
                     f"{what}: IBM Cloud IAM at {self.iam_endpoint} is unavailable ({problem}) after {attempt} "

@@ -80,6 +80,7 @@ class IksEmulator:
         self.replace_lag = 0
         self.fail_new_workers: Optional[tuple[str, str]] = None
         self.flap_new_workers = 0
+        self.flapping: set[str] = set()  # workers whose health still flaps
         self.rebalance = True
         self.fail_master_update = False
         self.busy_on_update = 0  # the next n PUTs meet a master operation that just started (-> 400 Ef9cc)
@@ -223,8 +224,10 @@ class IksEmulator:
             self._flap(worker, self.flap_new_workers)
 
     def _flap(self, worker: dict, left: int) -> None:
+        self.flapping.add(worker["id"])
         if left <= 0 or worker["lifecycle"]["desiredState"] != "deployed":
             worker["health"].update(state="normal", message="Ready")
+            self.flapping.discard(worker["id"])
             return
         bad = left % 2 == 1
         worker["health"].update(state="critical" if bad else "normal", message="Not Ready" if bad else "Ready")
