@@ -72,6 +72,7 @@ class KubeEmulator:
         self.slices: list[dict] = []
         self.claims: dict[tuple[str, str], dict] = {}
         self.namespaces: set[str] = set()
+        self.pdbs: dict[tuple[str, str], dict] = {}  # PodDisruptionBudgets, consulted by the eviction subresource
         self.openapi: dict[str, dict] = {RESOURCE_V1: openapi_resource_v1()}
         self.on_pod_create: Optional[Callable[[dict], None]] = None
         self.requests: list[tuple[str, str]] = []  # (method, path?query) served, for assertions
@@ -170,6 +171,15 @@ class KubeEmulator:
         self.claims[(namespace, name)] = claim
         return claim
 
+    def add_pdb(self, namespace: str, name: str, match_labels: dict, disruptions_allowed: int) -> dict:
+        """status.disruptionsAllowed is what the disruption controller computed; eviction decrements it."""
+        pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+               "metadata": {"name": name, "namespace": namespace},
+               "spec": {"selector": {"matchLabels": match_labels}},
+               "status": {"disruptionsAllowed": disruptions_allowed}}
+        self.pdbs[(namespace, name)] = pdb
+        return pdb
+
     def add_event(self, pod: dict, reason: str, message: str, type_: str = "Warning") -> dict:
         meta = pod["metadata"]
         event = {"apiVersion": "v1", "kind": "Event",
@@ -218,6 +228,7 @@ class KubeEmulator:
             (ns + r"/pods/([^/]+)", "GET", lambda n, name, **k: self._get(self.pods, (n, name), "pods")),
             (ns + r"/pods/([^/]+)", "DELETE", self._delete_pod),
             (ns + r"/pods/([^/]+)/log", "GET", self._log),
+            (ns + r"/pods/([^/]+)/eviction", "POST", self._evict),
             (ns + r"/events", "GET", lambda n, **k: self._list(
                 "EventList", [e for e in self.events if e["metadata"]["namespace"] == n], k["selector"])),
             (r"/apis/resource.k8s.io/v1/resourceslices", "GET",
@@ -281,6 +292,33 @@ class KubeEmulator:
         pod = self.pods.pop((namespace, name), None)
         return (200, pod) if pod else (404, _status(404, f'pods "{name}" not found'))
 
+    def _evict(self, namespace, name, body, **_):
+        """The pods/eviction subresource as kubernetes pkg/registry/core/pod/storage/eviction.go serves it: a
+        finished pod is deleted without a budget check; more than one matching PDB is a 500; a PDB with
+        disruptionsAllowed 0 answers 429 TooManyRequests (cause DisruptionBudget); otherwise the budget is
+        decremented and the pod deleted (201, Status Success)."""
+        if (body or {}).get("kind") != "Eviction":
+            return 400, _status(400, "Eviction body expected")
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            return 404, _status(404, f'pods "{name}" not found')
+        if pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+            labels = pod["metadata"].get("labels") or {}
+            pdbs = [p for (n, _), p in self.pdbs.items() if n == namespace and all(
+                labels.get(k) == v for k, v in p["spec"]["selector"]["matchLabels"].items())]
+            if len(pdbs) > 1:
+                return 500, _status(500, "This pod has more than one PodDisruptionBudget, which the eviction "
+                                         "subresource does not support.")
+            if pdbs and pdbs[0]["status"]["disruptionsAllowed"] <= 0:
+                status = _status(429, "Cannot evict pod as it would violate the pod's disruption budget.")
+                status["details"] = {"causes": [{"reason": "DisruptionBudget", "message": (
+                    f"The disruption budget {pdbs[0]['metadata']['name']} needs 1 healthy pods and has 1 currently")}]}
+                return 429, status
+            if pdbs:
+                pdbs[0]["status"]["disruptionsAllowed"] -= 1
+        self.pods.pop((namespace, name))
+        return 201, {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}
+
     def _log(self, namespace, name, **_):
         if (namespace, name) not in self.pods:
             return 404, _status(404, f'pods "{name}" not found')
@@ -288,6 +326,7 @@ class KubeEmulator:
 
 
 def _status(code: int, message: str) -> dict:
-    reasons = {404: "NotFound", 409: "AlreadyExists", 415: "UnsupportedMediaType"}
+    reasons = {404: "NotFound", 409: "AlreadyExists", 415: "UnsupportedMediaType", 429: "TooManyRequests",
+               500: "InternalError"}
     return {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code,
             "reason": reasons.get(code, "BadRequest"), "message": message}
