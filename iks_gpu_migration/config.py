@@ -53,11 +53,18 @@ class Node(Model):
     name: str
     worker_id: str = Field(min_length=1)
     stage: Stage
+    # Stable identity of the node's resources (default: name). Renaming the entry after a replacement is never
+    # needed (the new worker and node are recorded in state); whoever renames keeps the old name here.
+    key: Optional[str] = None
 
-    @field_validator("name")
+    @property
+    def ident(self) -> str:
+        return self.key or self.name
+
+    @field_validator("name", "key")
     @classmethod
-    def _node_name(cls, v: str) -> str:
-        if not is_dns_subdomain(v):
+    def _node_name(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not is_dns_subdomain(v):
             raise ValueError(f"node name {v!r} is not a valid Kubernetes node name (DNS subdomain)")
         return v
 
@@ -122,6 +129,7 @@ class Timeouts(Model):
     operator_ready: float = Field(default=1800, gt=0)
     smoke_test: float = Field(default=600, gt=0)
     drain: float = Field(default=1800, gt=0)
+    evict: float = Field(default=1800, gt=0)  # cordon + evict a node's pods before its worker is replaced
     poll_interval: float = Field(default=15, gt=0)
 
 
@@ -182,12 +190,13 @@ class MigrationConfig(Model):
 
     @model_validator(mode="after")
     def _unique_nodes(self) -> "MigrationConfig":
-        for field in ("name", "worker_id"):
+        for field in ("name", "worker_id", "ident"):
             seen: set[str] = set()
             for node in self.nodes:
                 value = getattr(node, field)
                 if value in seen:
-                    raise ValueError(f"duplicate node {to_camel(field)} {value!r} in nodes")
+                    what = "key (or name)" if field == "ident" else to_camel(field)
+                    raise ValueError(f"duplicate node {what} {value!r} in nodes")
                 seen.add(value)
         return self
 

@@ -35,7 +35,7 @@ class GpuNode(pulumi.ComponentResource):
     """Everything one GPU node needs for its configured stage; children appear under it in `pulumi preview`."""
 
     def __init__(self, node: Node, cfg: MigrationConfig, ctx: "Context"):
-        super().__init__("gpu-migration:index:GpuNode", node.name, {"stage": node.stage})
+        super().__init__("gpu-migration:index:GpuNode", node.ident, {"stage": node.stage})
         self.node, self.cfg, self.ctx = node, cfg, ctx
         self.hostname: pulumi.Input[str] = node.name
         self.fence = self.replacement = self.drain = self.rollback = self.readiness = None
@@ -46,7 +46,7 @@ class GpuNode(pulumi.ComponentResource):
             # Until its worker is replaced the node still runs IBM's drivers: keep the GPU Operator off it.
             # (The replacement is a new Node object without these labels, so nothing has to remove them.)
             self.fence = kube_providers.NodeFence(
-                f"{node.name}-fence",
+                f"{node.ident}-fence",
                 kubeconfig=cfg.kubeconfig,
                 node=node.name,
                 labels=node_labels.IBM_MANAGED_LABELS,
@@ -56,7 +56,7 @@ class GpuNode(pulumi.ComponentResource):
 
     def _labels(self, deps: list[pulumi.Resource]) -> k8s.core.v1.NodePatch:
         return node_labels.node_patch(
-            f"{self.node.name}-labels",
+            f"{self.node.ident}-labels",
             self.hostname,
             node_labels.stage_labels(self.node.stage, self.cfg.pilot_label_pair),
             opts=pulumi.ResourceOptions(parent=self, provider=self.ctx.k8s_provider, depends_on=deps),
@@ -67,12 +67,13 @@ class GpuNode(pulumi.ComponentResource):
         after: list[pulumi.Resource],
         readiness_deps: list[pulumi.Resource],
         other_worker_ids: list[pulumi.Input[str]],
+        evict: Optional[dict[str, Any]] = None,
     ) -> None:
         """Replace the worker (after `after`), label it for its stage, roll back from dra if needed, check readiness."""
         node, cfg, ctx, t = self.node, self.cfg, self.ctx, self.cfg.timeouts
         # A worker replaced at the target version (idempotent once done); its node name can change.
         self.replacement = iks_providers.WorkerReplacement(
-            f"{node.name}-replacement",
+            f"{node.ident}-replacement",
             cluster=cfg.cluster_name,
             worker_id=node.worker_id,
             node_name=node.name,
@@ -83,6 +84,8 @@ class GpuNode(pulumi.ComponentResource):
             other_worker_ids=other_worker_ids,  # lets a resumed replacement tell its new worker from siblings
             # The only GPU node is replaced only with a temporary GPU pool to take its workloads.
             single_gpu_node=len(cfg.nodes) == 1 and not cfg.temp_gpu_pool.enabled,
+            # Before each replaceWorker (also on a kubeVersion bump) the node is cordoned and its pods evicted.
+            evict=evict,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, self.fence]),
         )
         self.hostname = self.replacement.node_name
@@ -92,7 +95,7 @@ class GpuNode(pulumi.ComponentResource):
         if node.stage == "device-plugin":
             # Rollback from dra: cordon and let GPU pods finish before the labels switch (no-op otherwise).
             self.drain = kube_providers.NodeDrain(
-                f"{node.name}-drain",
+                f"{node.ident}-drain",
                 kubeconfig=cfg.kubeconfig,
                 node=self.hostname,
                 pilot_label=cfg.pilot_label,
@@ -106,7 +109,7 @@ class GpuNode(pulumi.ComponentResource):
 
         if self.drain is not None:
             self.rollback = kube_providers.RollbackVerification(
-                f"{node.name}-rollback",
+                f"{node.ident}-rollback",
                 kubeconfig=cfg.kubeconfig,
                 node=self.hostname,
                 rolling_back=self.drain.rolling_back,
@@ -120,7 +123,7 @@ class GpuNode(pulumi.ComponentResource):
 
         # Operand pods up and GPUs allocatable on the replaced node; the next node waits for this.
         self.readiness = kube_providers.OperatorReadiness(
-            f"{node.name}-operator-ready",
+            f"{node.ident}-operator-ready",
             kubeconfig=cfg.kubeconfig,
             node=self.hostname,
             stage=node.stage,
@@ -136,7 +139,7 @@ class GpuNode(pulumi.ComponentResource):
 
     def declare_smoke_test(self, cfg: MigrationConfig, ctx: "Context", deps: list[pulumi.Resource]) -> None:
         self.smoke_pod = smoke_test.smoke_pod(
-            self.node.name,
+            self.node.ident,
             self.hostname,
             cfg.smoke_test,
             cfg.extended_resource_name,
@@ -145,7 +148,7 @@ class GpuNode(pulumi.ComponentResource):
         )
         t = cfg.timeouts
         self.verification = kube_providers.SmokeTestVerification(
-            f"{self.node.name}-smoke-verification",
+            f"{self.node.ident}-smoke-verification",
             kubeconfig=cfg.kubeconfig,
             namespace=cfg.smoke_test.namespace,
             pod_name=self.smoke_pod.metadata.name,
@@ -160,10 +163,12 @@ class GpuNode(pulumi.ComponentResource):
 
 
 def _warn_renamed(node: Node, actual: Optional[str]) -> None:
+    """The new node is recorded in state (output node:<key>.nodeName); later runs use it, so nothing must change."""
     if actual and actual != node.name:
-        pulumi.log.warn(
-            f"worker {node.worker_id} was replaced and its node is now {actual!r}, not {node.name!r}; "
-            f"update name in gpu-migration:nodes to {actual!r}"
+        pulumi.log.info(
+            f"node {node.name!r} (worker {node.worker_id}) was replaced; its node is now {actual!r}, recorded in the "
+            f"stack state (`pulumi stack output`). Nothing to change in gpu-migration:nodes; to show the new name "
+            f"there, set name: {actual!r} and key: {node.ident!r} so its resources keep their identity"
         )
 
 
@@ -179,6 +184,18 @@ def ibm_api(cfg: MigrationConfig) -> dict[str, Any]:
         "endpoint": cfg.ibm_cloud.endpoint,
         "iam_endpoint": cfg.ibm_cloud.iam_endpoint,
         "api_key": pulumi.Config("gpu-migration").get_secret("ibmApiKey"),
+    }
+
+
+def eviction_settings(cfg: MigrationConfig, temp_pool: Any) -> dict[str, Any]:
+    """node_eviction settings for every WorkerReplacement: with a temporary pool, its nodes must offer GPUs first."""
+    resources = list(dict.fromkeys([cfg.device_plugin_resource, "nvidia.com/gpu"]))
+    return {
+        "kubeconfig": cfg.kubeconfig,
+        "timeout": cfg.timeouts.evict,
+        "poll_interval": cfg.timeouts.poll_interval,
+        "gpu_nodes": temp_pool.node_names if temp_pool is not None else [],
+        "gpu_resources": resources,
     }
 
 
@@ -233,14 +250,17 @@ def declare(cfg: MigrationConfig) -> Declared:
 
     # Nodes past ibm-managed are replaced one at a time, in config order: each waits for the previous one's readiness.
     migrated = [n for n in gpu_nodes if n.node.stage != "ibm-managed"]
+    evict = eviction_settings(cfg, out.temp_pool)
+    if out.temp_pool is not None:
+        after = [*after, out.gpu_operator]  # the temporary pool offers GPUs only once the operator runs there
     for i, gpu_node in enumerate(migrated):
         previous = [migrated[i - 1].readiness] if i else []
         siblings = [n.worker_id for n in cfg.nodes if n != gpu_node.node]
         siblings += [m.replacement.new_worker_id for m in migrated[:i]]
-        gpu_node.migrate(after + previous, readiness_deps, siblings)
+        gpu_node.migrate(after + previous, readiness_deps, siblings, evict)
     for gpu_node in gpu_nodes:
         gpu_node.register_outputs({"stage": gpu_node.node.stage})
-    out.nodes = {n.node.name: n for n in gpu_nodes}
+    out.nodes = {n.node.ident: n for n in gpu_nodes}
     dra_nodes = [n for n in migrated if n.node.stage == "dra"]
 
     if dra_nodes:
@@ -268,8 +288,9 @@ def declare(cfg: MigrationConfig) -> Declared:
 def export(out: Declared) -> None:
     """Per-node stage, worker and verification, read by operators and `pulumi stack output`."""
     for name, gpu_node in out.nodes.items():
-        entry: dict[str, Any] = {"stage": gpu_node.node.stage, "workerId": gpu_node.node.worker_id}
-        if gpu_node.replacement is not None:
+        entry: dict[str, Any] = {"stage": gpu_node.node.stage, "workerId": gpu_node.node.worker_id,
+                                 "configName": gpu_node.node.name, "nodeName": gpu_node.node.name}
+        if gpu_node.replacement is not None:  # the worker and node as they are now (read by status)
             entry["replacedWorkerId"] = gpu_node.replacement.new_worker_id
             entry["nodeName"] = gpu_node.replacement.node_name
         if gpu_node.verification is not None:
