@@ -426,6 +426,22 @@ def test_status_table(dra_cluster, kube, kubeconfig, tmp_path, capsys):
     assert lines[3].split() == ["n3", "ibm-managed", "node", "not", "found", "-", "-"]
 
 
+def test_status_reads_replaced_nodes_under_the_name_recorded_in_state(dra_cluster, kube, kubeconfig, tmp_path, capsys):
+    """Issue 10 point 11: after a replacement the config still names the old node; the outputs name the new one."""
+    (tmp_path / "Pulumi.pilot.yaml").write_text(
+        "config:\n"
+        "  gpu-migration:nodes:\n"
+        "    - {name: old-n2, workerId: w2, stage: device-plugin}\n"
+    )
+    kube.nodes["n2"]["spec"]["unschedulable"] = True
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"node:old-n2": {"stage": "device-plugin", "workerId": "w2",
+                                                   "replacedWorkerId": "w2-new", "nodeName": "n2"}}))
+    assert status.main(["--stack", "pilot", "--kubeconfig", kubeconfig, "--project-dir", str(tmp_path),
+                        "--outputs", str(outputs)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split() == ["old-n2->n2", "device-plugin", "-", "yes", "-"]
+
+
 # --- the Resources declare and their providers serialize ------------------------------------------------------------
 
 
