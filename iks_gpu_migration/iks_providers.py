@@ -354,7 +354,8 @@ class WorkerReplacementProvider(_IksProvider):
                 self._before_replace(client, props, cur)
                 st["known"] = set(by_id)
                 st["requested"].add(cur["id"])
-                self._request(client, cluster, cur)
+                drained = primary_ip(cur) if props.get("evict") else None
+                self._request(client, cluster, cur, drained)
                 return False, None, f"replacement of worker {cur['id']} (update to {target}) requested"
             return False, None, describe_worker(cur)
 
@@ -421,7 +422,7 @@ class WorkerReplacementProvider(_IksProvider):
             node_eviction.drain(primary_ip(worker), evict)
 
     @staticmethod
-    def _request(client: IksClient, cluster: str, worker: dict) -> None:
+    def _request(client: IksClient, cluster: str, worker: dict, drained: Optional[str] = None) -> None:
         """A refused request (4xx) is an error naming the worker, unless the worker is in fact being replaced."""
         _log(f"replacing worker {worker['id']} of cluster {cluster} (update=true) from {worker_version(worker)}")
         try:
@@ -433,7 +434,9 @@ class WorkerReplacementProvider(_IksProvider):
             if after is not None and is_deleting(after):
                 _log(f"worker {worker['id']} is already being replaced ({e})")
                 return
-            raise IksApiError(f"IKS refused the replacement, worker {worker['id']} is unchanged: {e}",
+            drain_note = (f"; its node {drained} was cordoned and drained before the request: `kubectl uncordon "
+                          f"{drained}` if you give up the replacement" if drained else "")
+            raise IksApiError(f"IKS refused the replacement, worker {worker['id']} is unchanged: {e}{drain_note}",
                               e.status_code) from None
 
 

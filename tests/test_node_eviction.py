@@ -126,3 +126,12 @@ def test_eviction_answers_like_the_real_subresource(tmp_path):
             assert gone.value.status == 404
     finally:
         kube.stop()
+
+
+def test_a_refused_replace_after_the_drain_says_the_node_is_cordoned(env):
+    iks_emu, kube, settings, _ = env
+    iks_emu.refuse_replace["w1"] = (409, "The worker node cannot be replaced while the pool is rebalancing.")
+    with pytest.raises(iks.IksApiError, match=rf"worker w1 is unchanged.*rebalancing.*node {NODE} was cordoned and "
+                                              rf"drained.*kubectl uncordon {NODE}"):
+        replace(iks_emu, "w1", evict=settings)
+    assert kube.nodes[NODE]["spec"]["unschedulable"] is True
