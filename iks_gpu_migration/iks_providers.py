@@ -4,12 +4,11 @@ Providers are pickled by dill into the state, so they hold no clients: each oper
 The API key comes from the `api` input (a Pulumi secret), else the stack config gpu-migration:ibmApiKey (seen by the
 provider's `configure`, which is what `delete` relies on: outputs never hold the key), else IC_API_KEY.
 """
+import time
 from typing import Any, Optional
 
 import pulumi
 import pulumi.dynamic as dyn
-
-import time
 
 from .iks_api import (
     API_KEY_CONFIG,
@@ -573,8 +572,8 @@ class TempGpuPoolProvider(_IksProvider):
     @staticmethod
     def _wait_removed(client: IksClient, cluster: str, name: str, pool_id: Optional[str], timeout: float,
                       interval: float) -> None:
-        """Done when the pool reads deleted (or is gone) and every one of its workers reads deleted, as terraform's
-        waitForWorkerPoolDelete / waitForVpcWorkerDelete do (getWorkers with showDeleted=true)."""
+        """Done when the pool reads deleted (or is gone) and every one of its workers reads deleted, as
+        terraform-provider-ibm resource_ibm_container_vpc_worker_pool.go waits on delete (getWorkers showDeleted=true)."""
 
         def poll() -> tuple[bool, None, str]:
             pool = client.get_worker_pool(cluster, pool_id or name)

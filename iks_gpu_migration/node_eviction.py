@@ -13,6 +13,7 @@ drained, or GPU pods would just wait Pending.
 Called by WorkerReplacementProvider right before each replaceWorker, so it runs exactly when a replacement does
 (also on a kubeVersion bump), never for a node already at its target.
 """
+import json
 from typing import Any, Optional
 
 import pulumi
@@ -137,7 +138,7 @@ def _evict_all(core: client.CoreV1Api, node: str, s: dict[str, Any]) -> dict[str
                     continue
                 raise EvictionError(f"evicting pod {key} from node {node} failed: HTTP {e.status}: {_message(e)}; "
                                     f"node {node} is left cordoned and its worker was not replaced") from None
-        left = [p for p in to_evict(pods)]
+        left = to_evict(pods)
         names = [f"{p.metadata.namespace}/{p.metadata.name}" for p in left]
         state = "; ".join(f"{n}" + (f" ({blocked[n]})" if n in blocked else " (terminating)") for n in names)
         return not left, None, state or "empty"
@@ -157,7 +158,6 @@ def _evict_all(core: client.CoreV1Api, node: str, s: dict[str, Any]) -> dict[str
 
 
 def _message(e: ApiException) -> str:
-    import json
     try:
         return json.loads(e.body).get("message") or str(e.reason)
     except Exception:  # noqa: BLE001 - a non-JSON body keeps the reason phrase

@@ -24,7 +24,7 @@ Behaviour of the real service modelled here, with its source (see /work/shared/r
   later patch versions than the master") -> `worker_versions`.
 - deleted workers and pools stay readable: getWorker / getWorkers?showDeleted=true return them with
   actualState/health `deleted`; getWorkerPool answers 200 with lifecycle deleted and zones [] (terraform-provider-ibm
-  resource_ibm_container_vpc_worker_pool.go waitForWorkerPoolDelete, issue #3595; resource_ibm_container_vpc_worker.go).
+  resource_ibm_container_vpc_worker_pool.go delete wait and issue #3595; resource_ibm_container_vpc_worker.go).
 - master: `updating` while updating, may fail back to `deployed` at the old version with targetVersion left newer;
   a PUT while masterStatus is not Ready is refused with 400 Ef9cc (terraform-provider-ibm
   resource_ibm_container_vpc_cluster.go waitForVpcClusterMasterAvailable; ibm-cloud-docs cluster-states-reference).
@@ -322,7 +322,8 @@ class IksEmulator:
             self.busy_on_update -= 1
             self.busy_master(self.steps, "Certificate authority rotation in progress.")
         if life["masterStatus"] != "Ready" or life["masterState"] != "deployed":
-            # terraform-provider-ibm issues #4539/#6304: any master operation in progress refuses the PUT with Ef9cc
+            # Any master operation in progress (masterStatus not Ready) refuses the PUT with 400 Ef9cc (iks-api.md,
+            # from terraform-provider-ibm's issue threads listed there)
             raise Error(400, "The master must be in the deployed state and its status Ready to start this "
                              f"operation; current status: {life['masterStatus']}", "Ef9cc")
         current, wanted = (version_key(v)[1] for v in (self.cluster["masterKubeVersion"], full))
