@@ -312,7 +312,12 @@ class WorkerReplacementProvider(_IksProvider):
         others = frozenset(props.get("other_worker_ids") or []) - {start}
         streak = Streak(self.readings(props))
         st: dict[str, Any] = {"current": start, "known": None, "requested": set(), "followed": [],
-                              "created": set(), "orphaned_at": None}
+                              "created": set(), "orphaned_at": None, "prepared": set()}
+        first = {w["id"]: w for w in client.list_workers(cluster, show_deleted=True)}.get(start)
+        if first is not None and self._needs_replacement(first, target):
+            # The gates (master, eviction) may take their own bounded time: not counted against the replace wait.
+            self._before_replace(client, props, first)
+            st["prepared"].add(start)
 
         def poll() -> tuple[bool, Optional[dict], str]:
             workers = client.list_workers(cluster, show_deleted=True)
@@ -350,7 +355,9 @@ class WorkerReplacementProvider(_IksProvider):
             if cur["id"] in st["requested"]:
                 return False, None, f"replacement requested, not started yet: {describe_worker(cur)}"
             if is_deployed(cur):
-                self._before_replace(client, props, cur)
+                if cur["id"] not in st["prepared"]:
+                    self._before_replace(client, props, cur)
+                    st["prepared"].add(cur["id"])
                 st["known"] = set(by_id)
                 st["requested"].add(cur["id"])
                 drained = primary_ip(cur) if props.get("evict") else None
@@ -381,6 +388,10 @@ class WorkerReplacementProvider(_IksProvider):
             "node_name": primary_ip(new) or props.get("node_name"),
             "actual_version": actual,
         }
+
+    @staticmethod
+    def _needs_replacement(worker: dict, target: str) -> bool:
+        return is_deployed(worker) and not is_deleting(worker) and not version_at_least(worker_version(worker), target)
 
     @staticmethod
     def _settled(worker: dict, streak: Streak) -> tuple[bool, Optional[dict], str]:
