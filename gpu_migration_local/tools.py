@@ -57,6 +57,9 @@ def engine_env() -> dict[str, str]:
         # PATH: the CLI finds its bundled launcher beside itself, and plugins only where `plugin install` put them.
         "PATH": os.pathsep.join([str(pathlib.Path(sys.executable).parent), os.environ.get("PATH", "")]),
         "PULUMI_HOME": str(pulumi_home),
+        # The dynamic-provider host imports the providers by module name: from this checkout, not from wherever the
+        # venv's editable install points (another worktree would run other provider code than the program).
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
         "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
         # Plugins come from PULUMI_HOME, registered at the version the SDK requests, not from beside the CLI.
         "PULUMI_IGNORE_AMBIENT_PLUGINS": "true",

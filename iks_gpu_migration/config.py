@@ -100,10 +100,19 @@ class Node(Model):
     name: str
     worker_id: str = Field(min_length=1)
     stage: Stage
+    # Stable identity of the node's resources (default: name). Renaming the entry after a replacement is never
+    # needed (the new worker and node are recorded in state); whoever renames keeps the old name here.
+    key: Optional[str] = None
 
-    @field_validator("name")
+    @property
+    def ident(self) -> str:
+        return self.key or self.name
+
+    @field_validator("name", "key")
     @classmethod
-    def _node_name(cls, v: str) -> str:
+    def _node_name(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
         if not is_dns_subdomain(v):
             raise ValueError(f"node name {v!r} is not a valid Kubernetes node name (DNS subdomain)")
         problems = names.node_name_problems(v)
@@ -212,6 +221,7 @@ class Timeouts(Model):
     # The node's device-plugin allocatable to reach 0, or its ResourceSlices to be wiped (the kubelet wipes a DRA
     # driver's slices ~30 s after its plugin unregisters: kubernetes pkg/kubelet/cm/dra).
     path_switch: float = Field(default=300, gt=0)
+    evict: float = Field(default=1800, gt=0)  # cordon + evict a node's pods before its worker is replaced
     poll_interval: float = Field(default=15, gt=0)
 
     @field_validator("*")
@@ -396,13 +406,16 @@ def valid_nodes(cfg: MigrationConfig) -> Iterable[tuple[int, Node]]:
 
 @cross_check("nodes")
 def _unique_nodes(cfg: MigrationConfig) -> Iterable[Problem]:
-    for field in ("name", "worker_id"):
+    # ident (key, else name) names each node's resources, so it must be unique too.
+    for field in ("name", "worker_id", "ident"):
         first: dict[str, int] = {}
         for i, node in valid_nodes(cfg):
             value = getattr(node, field)
             if value in first:
-                yield Problem(("nodes", i, to_camel(field)),
-                              f"duplicate node {to_camel(field)} {value!r} in nodes (also nodes[{first[value]}])")
+                where = ("key" if node.key else "name") if field == "ident" else to_camel(field)
+                what = "key (or name)" if field == "ident" else to_camel(field)
+                yield Problem(("nodes", i, where),
+                              f"duplicate node {what} {value!r} in nodes (also nodes[{first[value]}])")
             first.setdefault(value, i)
 
 

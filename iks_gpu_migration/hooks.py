@@ -5,7 +5,7 @@ someone once it is verified.
 The command gets the node in its environment (ENV below). It runs again when any of those values change (a stage
 change updates the resource, and local.Command runs `create` again on update when no `update` command is set).
 Its stdout and stderr go to the `pulumi up` log; a non-zero exit fails the hook resource, named
-`<node>-<hook>-hook`, and so stops what depends on it on that node.
+`<node key or name>-<hook>-hook`, and so stops what depends on it on that node.
 """
 from typing import Optional
 
@@ -35,7 +35,7 @@ def node_hook(kind: str, command: Optional[str], node: Node, hostname: pulumi.In
     if not command:
         return None
     return local.Command(
-        f"{node.name}-{kind}-hook",
+        f"{node.ident}-{kind}-hook",
         create=command,
         environment=hook_environment(kind, node, hostname, worker_id),
         logging=local.Logging.STDOUT_AND_STDERR,

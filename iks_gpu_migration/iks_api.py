@@ -5,8 +5,12 @@ Paths follow the IKS global API (https://containers.cloud.ibm.com/global/swagger
   GET  /v2/vpc/getWorkers, GET /v2/vpc/getWorker, POST /v2/vpc/replaceWorker,
   POST /v2/vpc/createWorkerPool, GET /v2/vpc/getWorkerPool, DELETE /v1/clusters/{cluster}/workerpools/{pool}.
 5xx/429 are retried by the SDK (BaseService.enable_retries); a 401 forces one IAM token refresh and one retry.
+The IAM token request is not covered by the SDK's retries (its token manager calls `requests` directly and a connection
+error surfaces from `prepare_request`), so connection errors and IAM 5xx/429 are retried here and reported as IAM
+trouble; only IAM 4xx answers mean the API key itself was refused.
 """
 import os
+import time
 from typing import Any, Optional
 
 import requests
@@ -17,12 +21,31 @@ API_KEY_ENV = "IC_API_KEY"
 API_KEY_CONFIG = "gpu-migration:ibmApiKey"
 
 
+# IKS error codes this client acts on (IBM-Cloud/bluemix-go and terraform-provider-ibm compare the same codes).
+CLUSTER_NOT_FOUND = "G0004"  # "The specified cluster could not be found. ... target the correct account and RG"
+MASTER_BUSY = "Ef9cc"  # "The master must be in the deployed state ..." (another master operation is running)
+IAM_ATTEMPTS = 4
+
+
 class IksApiError(RuntimeError):
     """An IKS or IAM call failed; the message names the call, its subject and the API's own message."""
 
-    def __init__(self, message: str, status_code: Optional[int] = None) -> None:
+    def __init__(self, message: str, status_code: Optional[int] = None, code: Optional[str] = None) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.code = code
+
+
+class ClusterNotFound(IksApiError):
+    """404 G0004: the cluster itself is not visible to this API key (never "the pool or worker is gone")."""
+
+
+def error_code(error: ApiException) -> Optional[str]:
+    try:
+        body = error.http_response.json()
+    except Exception:  # noqa: BLE001 - non-JSON error bodies carry no code
+        return None
+    return body.get("code") if isinstance(body, dict) else None
 
 
 def api_message(error: ApiException) -> str:
@@ -50,6 +73,7 @@ class IksClient(BaseService):
     ) -> None:
         super().__init__(service_url=endpoint, authenticator=IAMAuthenticator(api_key, url=iam_endpoint))
         self.iam_endpoint = iam_endpoint
+        self.retry_interval = retry_interval
         self.enable_retries(max_retries=max_retries, retry_interval=retry_interval)
 
     @classmethod
@@ -80,27 +104,56 @@ class IksClient(BaseService):
     ) -> Any:
         """Send one request; `what` (e.g. "replace worker w1 of cluster c") prefixes every error."""
         for attempt in (1, 2):
-            try:
-                request = self.prepare_request(
-                    method, path, params=params, data=body, headers={"Accept": "application/json"}
-                )
-            except ApiException as e:  # the IAM token request itself failed
-                raise IksApiError(
-                    f"{what}: IAM token request to {self.iam_endpoint} failed (check the API key): "
-                    f"HTTP {e.status_code}: {api_message(e)}",
-                    e.status_code,
-                ) from None
+            request = self._prepare(what, method, path, params, body)
             try:
                 return self.send(request).get_result()
             except ApiException as e:
                 if e.status_code == 401 and attempt == 1:
                     self.authenticator.token_manager.expire_time = 0  # expired/revoked: fetch a fresh token once
                     continue
+                code = error_code(e)
+                if e.status_code == 404 and code == CLUSTER_NOT_FOUND:
+                    cluster = (params or {}).get("cluster") or (body or {}).get("cluster") or path.split("/")[3]
+                    raise ClusterNotFound(
+                        f"{what} failed: cluster {cluster} was not found (HTTP 404: {api_message(e)}); check "
+                        f"gpu-migration:clusterName, and that the API key belongs to the account and resource group "
+                        f"of that cluster (`ibmcloud target`, `ibmcloud ks cluster ls`)", 404, code,
+                    ) from None
                 if e.status_code == 404 and not_found_ok:
                     return None
-                raise IksApiError(f"{what} failed: HTTP {e.status_code}: {api_message(e)}", e.status_code) from None
+                raise IksApiError(f"{what} failed: HTTP {e.status_code}: {api_message(e)}", e.status_code,
+                                  code) from None
             except requests.RequestException as e:  # connection errors, or retries of 5xx/429 exhausted
                 raise IksApiError(f"{what} failed: {e}") from None
+        raise AssertionError("unreachable")
+
+    def _prepare(self, what: str, method: str, path: str, params: Optional[dict], body: Optional[dict]):
+        """prepare_request fetches the IAM token when needed; IAM outages are retried, a refused key is not."""
+        for attempt in range(1, IAM_ATTEMPTS + 1):
+            try:
+                return self.prepare_request(
+                    method, path, params=params, data=body, headers={"Accept": "application/json"}
+                )
+            except ApiException as e:
+                transient = e.status_code is not None and (e.status_code >= 500 or e.status_code == 429)
+                if not transient:  # ibm-cloud-sdk-core api_exception.py: 4xx from IAM = the key was refused
+                    raise IksApiError(
+                        f"{what}: IAM token request to {self.iam_endpoint} failed (check the API key): "
+                        f"HTTP {e.status_code}: {api_message(e)}", e.status_code,
+                    ) from None
+                problem = f"HTTP {e.status_code}: {api_message(e)}"
+            except requests.RequestException as e:  # iam_request_based_token_manager.py: raised by `requests`
+                problem = f"{type(e).__name__}: {e}"
+            # token_manager.paced_request_token leaves request_time set when request_token raises, and would make
+            # the next caller sleep for 60 s "while another thread fetches"; nobody does, so clear it.
+            self.authenticator.token_manager.request_time = 0
+            if attempt == IAM_ATTEMPTS:
+                raise IksApiError(
+                    f"{what}: IBM Cloud IAM at {self.iam_endpoint} is unavailable ({problem}) after {attempt} "
+                    f"attempts; this is IAM trouble, not a bad API key: check the network / IBM Cloud status and "
+                    f"re-run `pulumi up`"
+                ) from None
+            time.sleep(self.retry_interval)
         raise AssertionError("unreachable")
 
     # Cluster master
@@ -169,6 +222,20 @@ class IksClient(BaseService):
 
 def worker_version(worker: dict) -> str:
     return (worker.get("kubeVersion") or {}).get("actual") or ""
+
+
+def is_deleted(worker: dict) -> bool:
+    return (worker.get("lifecycle") or {}).get("actualState") == "deleted"
+
+
+def is_failed(worker: dict) -> bool:
+    """provision_failed, deploy_failed, reloading_failed, ... (ibm-cloud-docs worker-node-state-reference)."""
+    return str((worker.get("lifecycle") or {}).get("actualState") or "").endswith("_failed")
+
+
+def failure_message(worker: dict) -> str:
+    life, health = worker.get("lifecycle") or {}, worker.get("health") or {}
+    return life.get("message") or health.get("message") or "no message from IKS"
 
 
 def is_deleting(worker: dict) -> bool:

@@ -4,6 +4,7 @@ Providers are pickled by dill into the state, so they hold no clients: each oper
 The API key comes from the `api` input (a Pulumi secret), else the stack config gpu-migration:ibmApiKey (seen by the
 provider's `configure`, which is what `delete` relies on: outputs never hold the key), else IC_API_KEY.
 """
+import time
 from typing import Any, Optional
 
 import pulumi
@@ -11,17 +12,26 @@ import pulumi.dynamic as dyn
 
 from .iks_api import (
     API_KEY_CONFIG,
+    MASTER_BUSY,
     IksClient,
     IksApiError,
     describe_worker,
+    failure_message,
+    is_deleted,
     is_deleting,
     is_deployed,
+    is_failed,
     is_ready,
     primary_ip,
     worker_version,
 )
-from .versions import minor_steps, version_at_least
+from .versions import minor_steps, version_at_least, version_key
 from .waiting import WaitTimeout, optional_float, wait_for
+
+# terraform-provider-ibm waits for three healthy readings in a row (masterStatus Ready, worker health normal)
+# before it calls a master or worker "done": health flaps while a fresh node settles.
+STABLE_READINGS = 3
+MAX_MASTER_REQUESTS = 3  # an update that keeps falling back to the old version needs a human
 
 
 class ReplacementError(RuntimeError):
@@ -50,6 +60,46 @@ class _IksProvider(dyn.ResourceProvider):
     def timing(props: dict[str, Any], default_timeout: float) -> tuple[float, float]:
         return optional_float(props.get("timeout"), default_timeout), optional_float(props.get("poll_interval"), 15)
 
+    @staticmethod
+    def readings(props: dict[str, Any]) -> int:
+        return int(optional_float(props.get("stable_readings"), STABLE_READINGS))
+
+
+class Streak:
+    """Counts consecutive good readings per key; a bad reading starts the count again (health flapping)."""
+
+    def __init__(self, needed: int) -> None:
+        self.needed, self.counts = max(1, needed), {}
+
+    def see(self, key: str, good: bool) -> bool:
+        self.counts[key] = self.counts.get(key, 0) + 1 if good else 0
+        return self.counts[key] >= self.needed
+
+    def of(self, key: str) -> str:
+        return f"{self.counts.get(key, 0)}/{self.needed} good readings in a row"
+
+
+def major_minor(version: Optional[str]) -> str:
+    return ".".join(str(n) for n in version_key(version)[:2])
+
+
+def same_minor(actual: Optional[str], target: str) -> bool:
+    """A worker IKS created at `target` runs its major.minor with the newest worker fix pack (either direction)."""
+    return bool(version_key(actual)) and version_key(actual)[:2] == version_key(target)[:2]
+
+
+def master_rests(info: dict) -> bool:
+    """deployed + normal + Ready: no master operation runs (terraform waitForVpcClusterMasterAvailable)."""
+    life = info.get("lifecycle") or {}
+    return (life.get("masterState") == "deployed" and life.get("masterHealth") == "normal"
+            and life.get("masterStatus") == "Ready")
+
+
+def describe_master(info: dict) -> str:
+    life = info.get("lifecycle") or {}
+    return (f"master {info.get('masterKubeVersion')} (target {info.get('targetVersion')}) "
+            f"{life.get('masterState')}/{life.get('masterHealth')} ({life.get('masterStatus')})")
+
 
 # 1. Master version ---------------------------------------------------------------------------------------------
 
@@ -69,7 +119,7 @@ class MasterVersionProvider(_IksProvider):
         _log(f"master of cluster {props.get('cluster')}: nothing to delete (a master is never downgraded)")
 
     def _ensure(self, props: dict[str, Any]) -> dict[str, Any]:
-        """Step the master up one minor version at a time to `version`, waiting for deployed/normal after each."""
+        """Step the master up one minor version at a time to `version`, waiting for it to rest after each."""
         cluster, target = props["cluster"], props["version"]
         client = self.client(props)
         info = client.get_cluster(cluster)
@@ -83,33 +133,63 @@ class MasterVersionProvider(_IksProvider):
                 f"nothing was updated"
             )
         for step in steps or [target]:
-            info = self._update_to(client, cluster, step, info, props)
+            info = self._update_to(client, cluster, step, props)
         return {**_public(props), "actual_version": info.get("masterKubeVersion")}
 
-    def _update_to(self, client: IksClient, cluster: str, target: str, info: dict, props: dict[str, Any]) -> dict:
-        """Request the update to `target` if the master is below it (unless one is running); wait until done."""
+    def _update_to(self, client: IksClient, cluster: str, target: str, props: dict[str, Any]) -> dict:
+        """Wait until the master rests (deployed, normal, Ready on several readings in a row); if it rests below
+        `target`, request the update (again: an update can fall back to the old version) and keep waiting.
+
+        targetVersion is not read: it can be newer than masterKubeVersion at rest, after a failed update.
+        A PUT refused with Ef9cc (another master operation just started) is waited out like a busy master."""
         timeout, interval = self.timing(props, 3600)
-        life = info.get("lifecycle") or {}
-        if not version_at_least(info.get("masterKubeVersion"), target):
-            if version_at_least(info.get("targetVersion"), target) and life.get("masterState") != "deployed":
-                _log(f"master of cluster {cluster} is already updating to {info.get('targetVersion')}")
-            else:
-                _log(f"master of cluster {cluster} is {info.get('masterKubeVersion')}; requesting update to {target}")
-                client.update_master(cluster, target)
+        streak, requests = Streak(self.readings(props)), []
 
         def poll() -> tuple[bool, dict, str]:
             now = client.get_cluster(cluster)
-            life = now.get("lifecycle") or {}
-            done = (
-                version_at_least(now.get("masterKubeVersion"), target)
-                and life.get("masterState") == "deployed"
-                and life.get("masterHealth") == "normal"
-            )
-            state = (f"master {now.get('masterKubeVersion')} {life.get('masterState')}/{life.get('masterHealth')}"
-                     f" ({life.get('masterStatus')})")
-            return done, now, state
+            state = describe_master(now)
+            if not streak.see("master", master_rests(now)):
+                return False, now, f"{state}; {streak.of('master')}"
+            if version_at_least(now.get("masterKubeVersion"), target):
+                return True, now, state
+            if len(requests) >= MAX_MASTER_REQUESTS:
+                raise IksApiError(
+                    f"the update of the master of cluster {cluster} to {target} was requested {len(requests)} times "
+                    f"and the master fell back to {now.get('masterKubeVersion')} each time ({state}); see "
+                    f"`ibmcloud ks cluster get --cluster {cluster}` for the reason, fix it and re-run `pulumi up`"
+                )
+            _log(f"master of cluster {cluster} rests at {now.get('masterKubeVersion')}; requesting update to "
+                 f"{target}" + (" again (the last update did not take)" if requests else ""))
+            try:
+                client.update_master(cluster, target)
+            except IksApiError as e:
+                if e.code != MASTER_BUSY:
+                    raise
+                streak.see("master", False)
+                return False, now, f"IKS refused the update while another master operation runs: {e}"
+            requests.append(target)
+            streak.see("master", False)
+            return False, now, f"update to {target} requested"
 
-        return wait_for(f"master of cluster {cluster} at {target} (deployed, normal)", poll, timeout, interval)
+        return wait_for(f"master of cluster {cluster} at {target} (deployed, normal, Ready)", poll, timeout, interval)
+
+
+def wait_master_at(client: IksClient, cluster: str, target: str, props: dict[str, Any]) -> None:
+    """Gate before a worker is replaced: the master rests at the target's major.minor (or newer)."""
+    timeout, interval = _IksProvider.timing(props, 5400)
+    streak = Streak(_IksProvider.readings(props))
+
+    def poll() -> tuple[bool, None, str]:
+        info = client.get_cluster(cluster)
+        if master_rests(info) and not version_at_least(info.get("masterKubeVersion"), major_minor(target)):
+            raise ReplacementError(
+                f"the master of cluster {cluster} is at {info.get('masterKubeVersion')}, below kubeVersion {target}: "
+                f"a worker replaced now would come up at the master's version. Nothing was replaced; the master "
+                f"version resource must finish first (re-run `pulumi up`)"
+            )
+        return streak.see("master", master_rests(info)), None, f"{describe_master(info)}; {streak.of('master')}"
+
+    wait_for(f"master of cluster {cluster} to rest before a worker replacement", poll, timeout, interval)
 
 
 class MasterVersion(dyn.Resource, module="gpu-migration", name="MasterVersion"):
@@ -142,10 +222,11 @@ def find_replacement(
 ) -> Optional[dict]:
     """The worker that replaces `old` (same pool and zone), or None if it is not visible yet.
 
-    `known`: worker IDs seen just before we requested the replacement (then the new one is simply the new ID).
-    Without it (resuming a replacement requested by an earlier run) the replacement is the one sibling still
-    provisioning, else the one sibling at the target version once the zone is back to its size; `others` (workers
-    of other nodes) are never candidates. Anything else is ambiguous and raises instead of guessing.
+    `known`: worker IDs seen just before we requested the replacement (then the new one is simply the new ID, even
+    a failed one: the caller stops on it). Without it (resuming a replacement requested by an earlier run) the
+    replacement is the one sibling still provisioning, else the one sibling at the target's major.minor once the
+    zone is back to its size; `others` (workers of other nodes) and failed siblings are never candidates.
+    Anything else is ambiguous and raises instead of guessing.
     """
     siblings = [
         w for w in workers
@@ -161,8 +242,10 @@ def find_replacement(
     if known is not None:
         candidates = [w for w in siblings if w["id"] not in known]
     else:
+        siblings = [w for w in siblings if not is_failed(w)]
         in_flight = [w for w in siblings if not is_deployed(w)]
-        candidates = in_flight or [w for w in siblings if version_at_least(worker_version(w), target)]
+        candidates = in_flight or [w for w in siblings if same_minor(worker_version(w), target)
+                                   or version_at_least(worker_version(w), target)]
     if len(candidates) > 1:
         raise ReplacementError(
             f"worker {old['id']} was replaced but its replacement is ambiguous "
@@ -172,39 +255,69 @@ def find_replacement(
     return candidates[0] if candidates else None
 
 
+def failed_worker_error(worker: dict, cluster: str, old_id: str) -> ReplacementError:
+    return ReplacementError(
+        f"worker {worker['id']} of cluster {cluster} (the replacement of {old_id}) is "
+        f"{(worker.get('lifecycle') or {}).get('actualState')}: IKS says: {failure_message(worker)}. Fix the cause "
+        f"(see `ibmcloud ks worker get --cluster {cluster} --worker {worker['id']}`), then replace the failed worker "
+        f"(`ibmcloud ks worker replace --cluster {cluster} --worker {worker['id']}`) and re-run `pulumi up`: it "
+        f"follows the new worker and does not replace anything else"
+    )
+
+
+_RECORDED = ("old_worker_id", "new_worker_id", "node_name", "actual_version")
+
+
 class WorkerReplacementProvider(_IksProvider):
+    """Outputs record the worker this resource ended with (`new_worker_id`) and its node (`node_name`): a later
+    kubeVersion bump starts from them, so the config never has to be edited after a replacement."""
+
     def create(self, props: dict[str, Any]) -> dyn.CreateResult:
-        return dyn.CreateResult(props["worker_id"], self._replace(props))
+        return dyn.CreateResult(props["worker_id"], self._replace(props, props["worker_id"]))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.DiffResult:
-        """Only another cluster, another kube version or a worker other than the recorded old/new one replaces."""
+        """Another cluster, or a worker other than the recorded old/new one, replaces; a kubeVersion change is an
+        update that replaces the current worker (from state) once."""
         recorded = {olds.get("old_worker_id"), olds.get("new_worker_id"), olds.get("worker_id")}
-        replaces = [k for k in ("cluster", "kube_version") if olds.get(k) != news.get(k)]
+        replaces = ["cluster"] if olds.get("cluster") != news.get("cluster") else []
         if news.get("worker_id") not in recorded:
             replaces.append("worker_id")
-        return dyn.DiffResult(changes=bool(replaces), replaces=replaces, delete_before_replace=False)
+        changed = bool(replaces) or olds.get("kube_version") != news.get("kube_version")
+        return dyn.DiffResult(changes=changed, replaces=replaces, delete_before_replace=False)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.UpdateResult:
-        # Not reached through diff (it never reports an in-place change); keeps the recorded result if it is.
-        recorded = {k: olds.get(k) for k in ("old_worker_id", "new_worker_id", "node_name", "actual_version")}
-        return dyn.UpdateResult({**_public(news), **recorded})
+        """kubeVersion bump: replace the worker this resource ended with last time (never the configured old ID)."""
+        current = olds.get("new_worker_id") or news["worker_id"]
+        outs = self._replace(news, current)
+        return dyn.UpdateResult({**outs, "old_worker_id": current})
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         _log(f"worker replacement {props.get('old_worker_id')} -> {props.get('new_worker_id')}: "
              f"nothing to delete (a replaced worker cannot be un-replaced)")
 
-    def _replace(self, props: dict[str, Any]) -> dict[str, Any]:
+    def _replace(self, props: dict[str, Any], start: str) -> dict[str, Any]:
         """Resumable: each poll reads the real worker state and takes the next step from there.
 
-        current worker at target version -> wait until deployed/normal/Ready (no replacement);
-        current worker being deleted     -> follow it to its replacement and keep waiting;
-        current worker deployed, older   -> request replace(update=true) once, remember the IDs seen before.
+        current worker created by this run, or at target -> wait until deployed/normal/Ready on several readings;
+        current worker being deleted                      -> follow it to its replacement and keep waiting;
+        current worker failed                             -> stop with IKS's message;
+        current worker deployed, older                    -> gates (master, only GPU node, eviction), then request
+                                                             replace(update=true) once, remembering the IDs seen.
+        A worker this resource followed to is never replaced again, whatever fix pack IKS gave it.
         """
-        cluster, worker_id, target = props["cluster"], props["worker_id"], props["kube_version"]
+        cluster, target = props["cluster"], props["kube_version"]
         timeout, interval = self.timing(props, 5400)
+        grace = optional_float(props.get("rebalance_timeout"), 900)
         client = self.client(props)
-        others = frozenset(props.get("other_worker_ids") or []) - {worker_id}
-        st: dict[str, Any] = {"current": worker_id, "known": None, "requested": set(), "followed": []}
+        others = frozenset(props.get("other_worker_ids") or []) - {start}
+        streak = Streak(self.readings(props))
+        st: dict[str, Any] = {"current": start, "known": None, "requested": set(), "followed": [],
+                              "created": set(), "orphaned_at": None, "prepared": set()}
+        first = {w["id"]: w for w in client.list_workers(cluster, show_deleted=True)}.get(start)
+        if first is not None and self._needs_replacement(first, target):
+            # The gates (master, eviction) may take their own bounded time: not counted against the replace wait.
+            self._before_replace(client, props, first)
+            st["prepared"].add(start)
 
         def poll() -> tuple[bool, Optional[dict], str]:
             workers = client.list_workers(cluster, show_deleted=True)
@@ -215,54 +328,111 @@ class WorkerReplacementProvider(_IksProvider):
                     f"worker {st['current']} not found in cluster {cluster} (neither live nor deleted); "
                     f"check workerId of node {props.get('node_name')} in gpu-migration:nodes"
                 )
+            if is_failed(cur):
+                raise failed_worker_error(cur, cluster, st["followed"][-1] if st["followed"] else start)
             if is_deleting(cur):
                 pool = None if st["known"] is not None else client.get_worker_pool(cluster, cur.get("poolID"))
                 new = find_replacement(cur, workers, pool, target, st["known"], others)
                 if new is None:
-                    return False, None, f"{describe_worker(cur)}; its replacement is not visible yet"
+                    return False, None, self._orphan(cur, cluster, st, grace)
                 _log(f"worker {cur['id']} of cluster {cluster} is replaced by {new['id']}")
                 st["followed"].append(cur["id"])
-                st.update(current=new["id"], known=None)
+                st["created"].add(new["id"])
+                st.update(current=new["id"], known=None, orphaned_at=None)
                 cur = new
-            if version_at_least(worker_version(cur), target):
-                return is_ready(cur), cur, describe_worker(cur)
-            if is_deployed(cur) and cur["id"] not in st["requested"]:
-                if props.get("single_gpu_node"):
+                if is_failed(cur):
+                    raise failed_worker_error(cur, cluster, st["followed"][-1])
+            if cur["id"] in st["created"]:
+                if worker_version(cur) and not same_minor(worker_version(cur), target):
                     raise ReplacementError(
-                        f"worker {cur['id']} is the only GPU node of cluster {cluster}: replacing it leaves GPU "
-                        f"workloads nowhere to run; enable gpu-migration:tempGpuPool (flavor, zone) first. "
-                        f"Nothing was replaced."
+                        f"IKS replaced worker {st['followed'][-1]} of cluster {cluster} by {cur['id']} at "
+                        f"{worker_version(cur)}, not at kubeVersion {target}; it is not replaced again. Check the "
+                        f"master version (`ibmcloud ks cluster get --cluster {cluster}`) and re-run `pulumi up`"
                     )
-                st["known"] = set(by_id)
-                st["requested"].add(cur["id"])
-                self._request(client, cluster, cur)
-                return False, None, f"replacement of worker {cur['id']} (update to {target}) requested"
+                return self._settled(cur, streak)
+            if version_at_least(worker_version(cur), target):
+                return self._settled(cur, streak)
             if cur["id"] in st["requested"]:
                 return False, None, f"replacement requested, not started yet: {describe_worker(cur)}"
+            if is_deployed(cur):
+                if cur["id"] not in st["prepared"]:
+                    self._before_replace(client, props, cur)
+                    st["prepared"].add(cur["id"])
+                st["known"] = set(by_id)
+                st["requested"].add(cur["id"])
+                drained = primary_ip(cur) if props.get("evict") else None
+                self._request(client, cluster, cur, drained)
+                return False, None, f"replacement of worker {cur['id']} (update to {target}) requested"
             return False, None, describe_worker(cur)
 
-        what = f"worker {worker_id} of cluster {cluster} replaced at {target} (deployed, normal, Ready)"
+        what = f"worker {start} of cluster {cluster} replaced at {target} (deployed, normal, Ready)"
         try:
             new = wait_for(what, poll, timeout, interval)
         except WaitTimeout as e:
             started = st["requested"] or st["followed"]
             detail = (
-                f"the replacement of worker {worker_id} was requested (new worker: "
-                f"{st['current'] if st['current'] != worker_id else 'not visible yet'}); re-running `pulumi up` "
+                f"the replacement of worker {start} was requested (new worker: "
+                f"{st['current'] if st['current'] != start else 'not visible yet'}); re-running `pulumi up` "
                 f"resumes waiting without replacing it again"
-                if started else f"worker {worker_id} was not replaced; re-running `pulumi up` retries"
+                if started else f"worker {start} was not replaced; re-running `pulumi up` retries"
             )
             raise WaitTimeout(f"{e}; {detail}") from None
+        actual = worker_version(new)
+        if new["id"] in st["created"] and not version_at_least(actual, target):
+            pulumi.log.warn(f"worker {new['id']} runs {actual}: IKS's newest worker fix pack, not the pinned "
+                            f"kubeVersion {target}; it is not replaced again")
         return {
             **_public(props),
-            "old_worker_id": worker_id,
+            "old_worker_id": start,
             "new_worker_id": new["id"],
             "node_name": primary_ip(new) or props.get("node_name"),
-            "actual_version": worker_version(new),
+            "actual_version": actual,
         }
 
     @staticmethod
-    def _request(client: IksClient, cluster: str, worker: dict) -> None:
+    def _needs_replacement(worker: dict, target: str) -> bool:
+        return is_deployed(worker) and not is_deleting(worker) and not version_at_least(worker_version(worker), target)
+
+    @staticmethod
+    def _settled(worker: dict, streak: Streak) -> tuple[bool, Optional[dict], str]:
+        done = streak.see(worker["id"], is_ready(worker))
+        return done, worker, f"{describe_worker(worker)}; {streak.of(worker['id'])}"
+
+    @staticmethod
+    def _orphan(cur: dict, cluster: str, st: dict[str, Any], grace: float) -> str:
+        """The old worker is gone and no new one shows: with automatic rebalancing off IKS creates none."""
+        state = f"{describe_worker(cur)}; its replacement is not visible yet"
+        if not is_deleted(cur):
+            return state
+        st["orphaned_at"] = st["orphaned_at"] or time.monotonic()
+        if time.monotonic() - st["orphaned_at"] > grace:
+            pool = cur.get("poolName") or cur.get("poolID")
+            raise ReplacementError(
+                f"worker {cur['id']} of cluster {cluster} was deleted and no new worker appeared in its pool {pool} "
+                f"(zone {cur.get('location')}) within {grace:.0f}s: automatic rebalancing of the pool looks off, "
+                f"so IKS will not create the replacement. Rebalance the pool (`ibmcloud ks worker-pool rebalance "
+                f"--cluster {cluster} --worker-pool {pool}`) and re-run `pulumi up`: it picks up the new worker"
+            )
+        return state
+
+    def _before_replace(self, client: IksClient, props: dict[str, Any], worker: dict) -> None:
+        """The gates every replaceWorker passes: another GPU node exists, the master rests at the target, and the
+        node's workloads were moved off it (cordon + Eviction API)."""
+        cluster = props["cluster"]
+        if props.get("single_gpu_node"):
+            raise ReplacementError(
+                f"worker {worker['id']} is the only GPU node of cluster {cluster}: replacing it leaves GPU "
+                f"workloads nowhere to run; enable gpu-migration:tempGpuPool (flavor, zone) first. "
+                f"Nothing was replaced."
+            )
+        wait_master_at(client, cluster, props["kube_version"], props)
+        evict = props.get("evict")
+        if evict and primary_ip(worker):
+            from . import node_eviction  # kubernetes is only needed when a node is drained
+            node_eviction.drain(primary_ip(worker), evict)
+
+    @staticmethod
+    def _request(client: IksClient, cluster: str, worker: dict, drained: Optional[str] = None) -> None:
         """A refused request (4xx) is an error naming the worker, unless the worker is in fact being replaced."""
         _log(f"replacing worker {worker['id']} of cluster {cluster} (update=true) from {worker_version(worker)}")
         try:
@@ -274,7 +444,9 @@ class WorkerReplacementProvider(_IksProvider):
             if after is not None and is_deleting(after):
                 _log(f"worker {worker['id']} is already being replaced ({e})")
                 return
-            raise IksApiError(f"IKS refused the replacement, worker {worker['id']} is unchanged: {e}",
+            drain_note = (f"; its node {drained} was cordoned and drained before the request: `kubectl uncordon "
+                          f"{drained}` if you give up the replacement" if drained else "")
+            raise IksApiError(f"IKS refused the replacement, worker {worker['id']} is unchanged: {e}{drain_note}",
                               e.status_code) from None
 
 
@@ -299,13 +471,16 @@ class WorkerReplacement(dyn.Resource, module="gpu-migration", name="WorkerReplac
         poll_interval: pulumi.Input[float] = 15,
         other_worker_ids: Optional[pulumi.Input[list]] = None,
         single_gpu_node: pulumi.Input[bool] = False,
+        evict: Optional[pulumi.Input[dict]] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
         """`other_worker_ids`: workers of the other GPU nodes (configured and replaced IDs); optional, it only helps
-        tell this node's replacement apart from an already-migrated sibling when resuming."""
+        tell this node's replacement apart from an already-migrated sibling when resuming.
+        `evict`: node_eviction settings (kubeconfig, timeout, poll_interval, gpu_nodes, gpu_resources); when set,
+        the node is cordoned and its pods evicted before each replaceWorker."""
         props = {"cluster": cluster, "worker_id": worker_id, "node_name": node_name, "kube_version": kube_version,
                  "api": api, "timeout": timeout, "poll_interval": poll_interval,
-                 "other_worker_ids": other_worker_ids or [], "single_gpu_node": single_gpu_node,
+                 "other_worker_ids": other_worker_ids or [], "single_gpu_node": single_gpu_node, "evict": evict,
                  "old_worker_id": None, "new_worker_id": None, "actual_version": None}
         super().__init__(WorkerReplacementProvider(), name, props, opts)
 
@@ -315,34 +490,72 @@ class WorkerReplacement(dyn.Resource, module="gpu-migration", name="WorkerReplac
 _POOL_SHAPE = ("cluster", "pool_name", "flavor", "zone", "vpc_id", "subnet_id", "size_per_zone")
 
 
+def pool_state(pool: Optional[dict]) -> str:
+    """active / deleting / deleted / ... ; a removed pool stays readable with actualState deleted (#3595)."""
+    if pool is None:
+        return "absent"
+    life = pool.get("lifecycle") or {}
+    if life.get("actualState") == "deleted":
+        return "deleted"
+    if life.get("desiredState") == "deleted" or life.get("actualState") == "deleting":
+        return "deleting"
+    return life.get("actualState") or "present"
+
+
 class TempGpuPoolProvider(_IksProvider):
     def create(self, props: dict[str, Any]) -> dyn.CreateResult:
         cluster, name = props["cluster"], props["pool_name"]
         timeout, interval = self.timing(props, 3600)
         client = self.client(props)
         pool = client.get_worker_pool(cluster, name)
-        if pool is not None:
+        if pool_state(pool) == "deleting":  # never adopt a pool on its way out: wait, then create a new one
+            _log(f"worker pool {name} of cluster {cluster} is being removed; waiting before creating it again")
+            self._wait_removed(client, cluster, name, pool.get("id"), timeout, interval)
+            pool = None
+        if pool_state(pool) not in ("absent", "deleted"):
             _log(f"worker pool {name} already exists in cluster {cluster}; adopting it")
             if pool.get("flavor") and pool["flavor"] != props["flavor"]:
                 pulumi.log.warn(f"adopted worker pool {name} has flavor {pool['flavor']}, not {props['flavor']}")
         else:
             _log(f"creating worker pool {name} ({props['flavor']} x{props['size_per_zone']} in {props['zone']})")
-            client.create_worker_pool(cluster, name, props["flavor"], props["vpc_id"], props["zone"],
-                                      props["subnet_id"], int(props["size_per_zone"]))
-            pool = client.get_worker_pool(cluster, name) or {}
+            try:
+                created = client.create_worker_pool(cluster, name, props["flavor"], props["vpc_id"], props["zone"],
+                                                    props["subnet_id"], int(props["size_per_zone"]))
+            except IksApiError as e:
+                # ibm-cloud-sdk-core retries a POST whose answer was lost (5xx): the retry meets our own pool.
+                if e.status_code != 409:
+                    raise
+                created = {}
+                _log(f"worker pool {name} already exists after a retried create (the first request went "
+                     f"through); adopting it")
+            pool = client.get_worker_pool(cluster, created.get("workerPoolID") or name) or {}
+            if pool_state(pool) in ("deleting", "deleted"):
+                raise IksApiError(f"worker pool {name} of cluster {cluster} reads {pool_state(pool)} right after "
+                                  f"it was created; re-run `pulumi up`")
         size = int(props["size_per_zone"])
+        streak = Streak(self.readings(props))
+        pool_id = pool.get("id") or name
 
         def poll() -> tuple[bool, list[dict], str]:
-            workers = [w for w in client.list_workers(cluster, pool=name) if not is_deleting(w)]
-            ready = [w for w in workers if is_ready(w)]
+            workers = [w for w in client.list_workers(cluster, pool=pool_id) if not is_deleting(w)]
+            failed = [w for w in workers if is_failed(w)]
+            if failed:
+                w = failed[0]
+                raise IksApiError(
+                    f"worker {w['id']} of the temporary pool {name} is {(w.get('lifecycle') or {}).get('actualState')}:"
+                    f" IKS says: {failure_message(w)}. Fix the cause (flavor available in {props['zone']}? quota? "
+                    f"free IPs in subnet {props['subnet_id']}?), then replace it (`ibmcloud ks worker replace "
+                    f"--cluster {cluster} --worker {w['id']}`) or remove the pool, and re-run `pulumi up`"
+                )
+            ready = [w for w in workers if streak.see(w["id"], is_ready(w))]
             state = f"{len(ready)}/{size} ready: " + ("; ".join(describe_worker(w) for w in workers) or "no workers")
             return len(ready) >= size, ready, state
 
         ready = wait_for(f"workers of pool {name} in cluster {cluster} (deployed, normal, Ready)",
                          poll, timeout, interval)
-        return dyn.CreateResult(pool.get("id") or name, {
+        return dyn.CreateResult(pool_id, {
             **_public(props),
-            "pool_id": pool.get("id") or name,
+            "pool_id": pool_id,
             "worker_ids": sorted(w["id"] for w in ready),
             "node_names": sorted(filter(None, (primary_ip(w) for w in ready))),
         })
@@ -359,15 +572,31 @@ class TempGpuPoolProvider(_IksProvider):
         cluster, name = props["cluster"], props["pool_name"]
         timeout, interval = self.timing(props, 3600)
         client = self.client(props)
+        pool = client.get_worker_pool(cluster, props.get("pool_id") or name)
+        if pool_state(pool) in ("absent", "deleted"):
+            _log(f"worker pool {name} of cluster {cluster} is already removed")
+            return
         _log(f"removing worker pool {name} from cluster {cluster}")
         client.remove_worker_pool(cluster, name)
+        self._wait_removed(client, cluster, name, pool.get("id"), timeout, interval)
+
+    @staticmethod
+    def _wait_removed(client: IksClient, cluster: str, name: str, pool_id: Optional[str], timeout: float,
+                      interval: float) -> None:
+        """Done when the pool reads deleted (or is gone) and every one of its workers reads deleted, as
+        terraform-provider-ibm resource_ibm_container_vpc_worker_pool.go waits on delete (getWorkers showDeleted=true)."""
 
         def poll() -> tuple[bool, None, str]:
-            pool = client.get_worker_pool(cluster, name)
-            state = "gone" if pool is None else f"pool {(pool.get('lifecycle') or {}).get('actualState', 'present')}"
-            return pool is None, None, state
+            pool = client.get_worker_pool(cluster, pool_id or name)
+            ident = (pool or {}).get("id") or pool_id
+            workers = [w for w in client.list_workers(cluster, show_deleted=True)
+                       if ident and w.get("poolID") == ident and not is_deleted(w)]
+            state = f"pool {pool_state(pool)}; " + (
+                "; ".join(describe_worker(w) for w in workers) or "all workers deleted")
+            return pool_state(pool) in ("absent", "deleted") and not workers, None, state
 
-        wait_for(f"worker pool {name} of cluster {cluster} removed", poll, timeout, interval)
+        wait_for(f"worker pool {name} of cluster {cluster} removed (pool and workers deleted)", poll, timeout,
+                 interval)
 
 
 class TempGpuPool(dyn.Resource, module="gpu-migration", name="TempGpuPool"):

@@ -235,15 +235,26 @@ def pending_gpu_pods(api: ApiClient, resources: Iterable[str]) -> list[str]:
     return sorted(found)
 
 
-def operand_placement_problems(api: ApiClient, namespace: str, fenced: Iterable[str]) -> list[str]:
+def operand_placement_problems(api: ApiClient, namespace: str, fenced: Iterable[str],
+                               operator_min_version: Optional[str] = None) -> list[str]:
     """Driver, device plugin, container toolkit or DCGM exporter pods on a node that must keep IBM's drivers: what
-    the runbook checks by hand after installing the operator."""
+    the runbook checks by hand after installing the operator.
+
+    `fenced` names the nodes as they were fenced; a replaced worker's fence stays in state under the old name, and a
+    new worker can get that name again (VPC subnets hand out freed IPs, and IKS names nodes by IP). A node of that
+    name whose kubelet is at `operator_min_version` or later is such a new worker: no IBM drivers, nothing to check."""
+    from .versions import version_at_least  # noqa: PLC0415
     fenced = set(fenced)
     per_node: dict[str, list[str]] = {}
     for p in client.CoreV1Api(api).list_namespaced_pod(namespace).items:
         node = p.spec.node_name
         if node in fenced and any(_operand(p, o) for o in FENCED_OPERANDS):
             per_node.setdefault(node, []).append(f"{namespace}/{p.metadata.name}")
+    if operator_min_version and per_node:
+        kubelets = {n.metadata.name: (n.status.node_info.kubelet_version if n.status and n.status.node_info else None)
+                    for n in client.CoreV1Api(api).list_node().items}
+        per_node = {n: pods for n, pods in per_node.items()
+                    if not version_at_least(kubelets.get(n), operator_min_version)}
     return [f"node {n}: runs IBM-managed drivers but has GPU Operator pods {', '.join(sorted(pods))}; the "
             "operator must not run there (check its nvidia.com/gpu.deploy.operands=false label)"
             for n, pods in sorted(per_node.items())]
@@ -495,8 +506,8 @@ def inventory(
             # No IBM drivers there, so no fence is needed; most likely the replacement of a listed node whose
             # replacement was interrupted before OperatorReadiness tied it to its entry. A warning keeps resuming
             # possible.
-            warnings.append(f"{what}; add it with its stage (or, if it replaced a listed node, update that entry's "
-                            "name)")
+            warnings.append(f"{what}; add it with its stage (or, if it replaced a listed node, run `pulumi up` again: "
+                            "the resumed replacement records it; the entry's name needs no change)")
     for name, stage in configured.items():
         if name not in found:
             if stage == "ibm-managed":

@@ -663,7 +663,8 @@ class _OperandPlacementProvider(_EveryUp):
     rerun_on = ("namespace", "fenced")
 
     def run(self, api, p):
-        problems = kube_checks.operand_placement_problems(api, p["namespace"], p["fenced"])
+        problems = kube_checks.operand_placement_problems(api, p["namespace"], p["fenced"],
+                                                          p.get("operator_min_version"))
         if problems:
             raise CheckFailed(f"GPU Operator pods run on nodes with IBM-managed drivers:{_bullets(problems)}\n"
                               "stop: uninstall or fix the fence labels before going on")
@@ -676,8 +677,10 @@ class OperandPlacement(Resource, module="gpu-migration", name="OperandPlacement"
     checked: pulumi.Output[list[str]]
 
     def __init__(self, name: str, kubeconfig: pulumi.Input[Optional[str]], namespace: str,
-                 fenced: pulumi.Input[Sequence[pulumi.Input[str]]], opts: Optional[pulumi.ResourceOptions] = None):
-        props = dict(kubeconfig=kubeconfig, namespace=namespace, fenced=fenced, checked=None)
+                 fenced: pulumi.Input[Sequence[pulumi.Input[str]]], operator_min_version: Optional[str] = None,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        props = dict(kubeconfig=kubeconfig, namespace=namespace, fenced=fenced,
+                     operator_min_version=operator_min_version, checked=None)
         super().__init__(_OperandPlacementProvider(), name, props, opts)
 
 

@@ -43,7 +43,7 @@ class GpuNode(pulumi.ComponentResource):
     """Everything one GPU node needs for its configured stage; children appear under it in `pulumi preview`."""
 
     def __init__(self, node: Node, cfg: MigrationConfig, ctx: "Context"):
-        super().__init__("gpu-migration:index:GpuNode", node.name, {"stage": node.stage})
+        super().__init__("gpu-migration:index:GpuNode", node.ident, {"stage": node.stage})
         self.node, self.cfg, self.ctx = node, cfg, ctx
         self.hostname: pulumi.Input[str] = node.name
         self.fence = self.replacement = self.rollback = self.readiness = None
@@ -54,7 +54,7 @@ class GpuNode(pulumi.ComponentResource):
             # The fence refuses a node already replaced (no IBM drivers) or missing, then sets both runbook labels
             # once; the NodePatch keeps only deploy.operands=false (see node_labels).
             self.fence = kube_providers.NodeFence(
-                f"{node.name}-fence",
+                f"{node.ident}-fence",
                 kubeconfig=cfg.kubeconfig,
                 node=node.name,
                 labels=node_labels.IBM_MANAGED_LABELS,
@@ -67,7 +67,7 @@ class GpuNode(pulumi.ComponentResource):
             # Until its worker is replaced the node still runs IBM's drivers: keep the GPU Operator off it.
             # (The replacement is a new Node object without these labels, so nothing has to remove them.)
             self.fence = kube_providers.NodeFence(
-                f"{node.name}-fence",
+                f"{node.ident}-fence",
                 kubeconfig=cfg.kubeconfig,
                 node=node.name,
                 labels=node_labels.IBM_MANAGED_LABELS,
@@ -77,7 +77,7 @@ class GpuNode(pulumi.ComponentResource):
 
     def _labels(self, deps: list[pulumi.Resource]) -> k8s.core.v1.NodePatch:
         return node_labels.node_patch(
-            f"{self.node.name}-labels",
+            f"{self.node.ident}-labels",
             self.hostname,
             node_labels.stage_labels(self.node.stage, self.cfg.pilot_label_pair),
             opts=pulumi.ResourceOptions(parent=self, provider=self.ctx.k8s_provider, depends_on=deps),
@@ -89,6 +89,7 @@ class GpuNode(pulumi.ComponentResource):
         readiness_deps: list[pulumi.Resource],
         other_worker_ids: list[pulumi.Input[str]],
         fenced: Optional[pulumi.Input[list[str]]] = None,
+        evict: Optional[dict[str, Any]] = None,
     ) -> None:
         """Replace the worker (after `after`), switch it to its stage's path, verify a rollback, check readiness."""
         node, cfg, ctx, t = self.node, self.cfg, self.ctx, self.cfg.timeouts
@@ -98,7 +99,7 @@ class GpuNode(pulumi.ComponentResource):
         )
         # A worker replaced at the target version (idempotent once done); its node name can change.
         self.replacement = iks_providers.WorkerReplacement(
-            f"{node.name}-replacement",
+            f"{node.ident}-replacement",
             cluster=cfg.cluster_name,
             worker_id=node.worker_id,
             node_name=node.name,
@@ -109,6 +110,8 @@ class GpuNode(pulumi.ComponentResource):
             other_worker_ids=other_worker_ids,  # lets a resumed replacement tell its new worker from siblings
             # The only GPU node is replaced only with a temporary GPU pool to take its workloads.
             single_gpu_node=len(cfg.nodes) == 1 and not cfg.temp_gpu_pool.enabled,
+            # Before each replaceWorker (also on a kubeVersion bump) the node is cordoned and its pods evicted.
+            evict=evict,
             opts=pulumi.ResourceOptions(parent=self,
                                         depends_on=[*after, *filter(None, [self.fence, self.before_hook])]),
         )
@@ -117,7 +120,7 @@ class GpuNode(pulumi.ComponentResource):
 
         # Device plugin <-> DRA, step by step (never both paths at once); a no-op when the node is already there.
         self.switch = node_switch.NodePathSwitch(
-            f"{node.name}-switch",
+            f"{node.ident}-switch",
             kubeconfig=cfg.kubeconfig,
             node=self.hostname,
             target=node.stage,
@@ -132,7 +135,7 @@ class GpuNode(pulumi.ComponentResource):
         )
         if node.stage == "device-plugin":
             self.rollback = kube_providers.RollbackVerification(
-                f"{node.name}-rollback",
+                f"{node.ident}-rollback",
                 kubeconfig=cfg.kubeconfig,
                 node=self.hostname,
                 rolling_back=self.switch.rolling_back,
@@ -147,7 +150,7 @@ class GpuNode(pulumi.ComponentResource):
 
         # Operand pods up and GPUs allocatable on the replaced node; the next node waits for this.
         self.readiness = kube_providers.OperatorReadiness(
-            f"{node.name}-operator-ready",
+            f"{node.ident}-operator-ready",
             kubeconfig=cfg.kubeconfig,
             node=self.hostname,
             stage=node.stage,
@@ -166,13 +169,14 @@ class GpuNode(pulumi.ComponentResource):
         checked: list[pulumi.Resource] = [self.readiness]
         if fenced is not None:
             self.placement = kube_providers.OperandPlacement(
-                f"{node.name}-operand-placement", kubeconfig=cfg.kubeconfig, namespace=cfg.gpu_operator.namespace,
-                fenced=fenced, opts=pulumi.ResourceOptions(parent=self, depends_on=[self.readiness]),
+                f"{node.ident}-operand-placement", kubeconfig=cfg.kubeconfig, namespace=cfg.gpu_operator.namespace,
+                fenced=fenced, operator_min_version=OPERATOR_MIN_VERSION,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.readiness]),
             )
             checked = [self.placement]
         # The runbook expects Pending GPU workloads to run once the node's driver is in: report (or gate on) them.
         self.pending = kube_providers.PendingGpuPods(
-            f"{node.name}-pending-gpu-pods",
+            f"{node.ident}-pending-gpu-pods",
             kubeconfig=cfg.kubeconfig,
             node=self.hostname,
             resources=sorted({cfg.device_plugin_resource, cfg.extended_resource_name}),
@@ -182,7 +186,7 @@ class GpuNode(pulumi.ComponentResource):
 
     def declare_smoke_test(self, cfg: MigrationConfig, ctx: "Context", deps: list[pulumi.Resource]) -> None:
         self.smoke_pod = smoke_test.smoke_pod(
-            self.node.name,
+            self.node.ident,
             self.hostname,
             cfg.smoke_test,
             cfg.extended_resource_name,
@@ -192,7 +196,7 @@ class GpuNode(pulumi.ComponentResource):
         )
         t = cfg.timeouts
         self.verification = kube_providers.SmokeTestVerification(
-            f"{self.node.name}-smoke-verification",
+            f"{self.node.ident}-smoke-verification",
             kubeconfig=cfg.kubeconfig,
             namespace=cfg.smoke_test.namespace,
             pod_name=self.smoke_pod.metadata.name,
@@ -219,10 +223,12 @@ class GpuNode(pulumi.ComponentResource):
 
 
 def _warn_renamed(node: Node, actual: Optional[str]) -> None:
+    """The new node is recorded in state (output node:<key>.nodeName); later runs use it, so nothing must change."""
     if actual and actual != node.name:
-        pulumi.log.warn(
-            f"worker {node.worker_id} was replaced and its node is now {actual!r}, not {node.name!r}; "
-            f"update name in gpu-migration:nodes to {actual!r}"
+        pulumi.log.info(
+            f"node {node.name!r} (worker {node.worker_id}) was replaced; its node is now {actual!r}, recorded in the "
+            f"stack state (`pulumi stack output`). Nothing to change in gpu-migration:nodes; to show the new name "
+            f"there, set name: {actual!r} and key: {node.ident!r} so its resources keep their identity"
         )
 
 
@@ -238,6 +244,18 @@ def ibm_api(cfg: MigrationConfig) -> dict[str, Any]:
         "endpoint": cfg.ibm_cloud.endpoint,
         "iam_endpoint": cfg.ibm_cloud.iam_endpoint,
         "api_key": pulumi.Config("gpu-migration").get_secret("ibmApiKey"),
+    }
+
+
+def eviction_settings(cfg: MigrationConfig, temp_pool: Any) -> dict[str, Any]:
+    """node_eviction settings for every WorkerReplacement: with a temporary pool, its nodes must offer GPUs first."""
+    resources = list(dict.fromkeys([cfg.device_plugin_resource, "nvidia.com/gpu"]))
+    return {
+        "kubeconfig": cfg.kubeconfig,
+        "timeout": cfg.timeouts.evict,
+        "poll_interval": cfg.timeouts.poll_interval,
+        "gpu_nodes": temp_pool.node_names if temp_pool is not None else [],
+        "gpu_resources": resources,
     }
 
 
@@ -314,6 +332,7 @@ def declare(cfg: MigrationConfig) -> Declared:
     ]).apply(lambda names: sorted(filter(None, names)))
     out.operand_placement = kube_providers.OperandPlacement(
         "operand-placement", kubeconfig=cfg.kubeconfig, namespace=cfg.gpu_operator.namespace, fenced=fenced_names,
+        operator_min_version=OPERATOR_MIN_VERSION,
         opts=pulumi.ResourceOptions(depends_on=[out.gpu_operator]),
     )
     readiness_deps: list[pulumi.Resource] = [out.gpu_operator, out.operand_placement]
@@ -331,14 +350,17 @@ def declare(cfg: MigrationConfig) -> Declared:
 
     # Nodes past ibm-managed are replaced one at a time, in config order: each waits for the previous one's readiness.
     migrated = [n for n in gpu_nodes if n.node.stage != "ibm-managed"]
+    evict = eviction_settings(cfg, out.temp_pool)
+    if out.temp_pool is not None:
+        after = [*after, out.gpu_operator]  # the temporary pool offers GPUs only once the operator runs there
     for i, gpu_node in enumerate(migrated):
         previous = [migrated[i - 1].pending] if i else []
         siblings = [n.worker_id for n in cfg.nodes if n != gpu_node.node]
         siblings += [m.replacement.new_worker_id for m in migrated[:i]]
-        gpu_node.migrate(after + previous, readiness_deps, siblings, fenced_names)
+        gpu_node.migrate(after + previous, readiness_deps, siblings, fenced_names, evict)
     for gpu_node in gpu_nodes:
         gpu_node.register_outputs({"stage": gpu_node.node.stage})
-    out.nodes = {n.node.name: n for n in gpu_nodes}
+    out.nodes = {n.node.ident: n for n in gpu_nodes}
     dra_nodes = [n for n in migrated if n.node.stage == "dra"]
 
     if dra_nodes:
@@ -369,8 +391,9 @@ def declare(cfg: MigrationConfig) -> Declared:
 def export(out: Declared) -> None:
     """Per-node stage, worker and verification, read by operators and `pulumi stack output`."""
     for name, gpu_node in out.nodes.items():
-        entry: dict[str, Any] = {"stage": gpu_node.node.stage, "workerId": gpu_node.node.worker_id}
-        if gpu_node.replacement is not None:
+        entry: dict[str, Any] = {"stage": gpu_node.node.stage, "workerId": gpu_node.node.worker_id,
+                                 "configName": gpu_node.node.name, "nodeName": gpu_node.node.name}
+        if gpu_node.replacement is not None:  # the worker and node as they are now (read by status)
             entry["replacedWorkerId"] = gpu_node.replacement.new_worker_id
             entry["nodeName"] = gpu_node.replacement.node_name
         if gpu_node.verification is not None:

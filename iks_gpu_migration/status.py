@@ -3,7 +3,8 @@
     python -m iks_gpu_migration.status --stack pilot [--kubeconfig PATH] [--outputs FILE] [--json]
 
 Reads `gpu-migration:*` from Pulumi.<stack>.yaml and the stack outputs (`pulumi stack output --json`, or --outputs FILE)
-to find each node under its real name after replacement, then shows per node: worker ID and kubelet version, the
+to find each node under its real name after replacement (output node:<key or name>.nodeName, so the config never has
+to be renamed), then shows per node: worker ID and kubelet version, the
 configured stage and how far the node is through it, whether it is cordoned, and the last verification recorded on it
 by SmokeTestVerification or RollbackVerification (annotation migration.example.com/gpu-verification).
 Every failure is one line on stderr naming what to fix; exit code 1.
@@ -297,7 +298,8 @@ def collect(stack: str, kubeconfig: Optional[str] = None, project_dir: Path = PR
         core, server = client.CoreV1Api(api), api.configuration.host
         for entry in config["nodes"]:
             entry = entry if isinstance(entry, dict) else {"name": str(entry)}
-            output = outputs.get(f"node:{entry.get('name')}") or {}
+            # Outputs are keyed by the entry's key (else its name): node:<key>.nodeName is the node now.
+            output = outputs.get(f"node:{entry.get('key') or entry.get('name')}") or {}
             output = output if isinstance(output, dict) else {}
             name = output.get("nodeName") or entry.get("name")
             nodes.append(node_status(entry, output, node_facts(read_node(core, str(name), server)), config))

@@ -233,6 +233,8 @@ class Cluster:
         key = (OPERATOR_NS, f"{component}-{node}")
         if wanted and key not in self.kube.pods:
             pod = self.kube.add_pod(OPERATOR_NS, key[1], node=node, ready=False, waiting="ContainerCreating")
+            pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": component,
+                                                   "uid": f"uid-{component}", "controller": True}]
             # Operands become ready after the readiness check has seen them starting (twice).
             def ready() -> None:
                 if self.kube.pods.get(key) is not pod:

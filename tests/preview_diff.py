@@ -9,8 +9,12 @@ Both configs are declared under mocks; resources only in the new one are creates
     otherwise; a Helm Release replaces on another name or namespace;
   - pulumi-command local.Command updates on any input change except `triggers` (which replaces); on update it runs
     `create` again when no `update` command is set (pulumi/pulumi-command provider/pkg/provider/local/command.go).
-A resource that is created or replaced has unknown outputs during preview, so every input computed from them is
-unknown too (and differs from the old value); the diff is repeated until nothing more changes. Component resources
+A resource that is created or replaced has unknown outputs during preview, and so has a dynamic resource that is
+updated: its provider does not support previews, so the engine takes its new inputs as its state and every output
+that is not an input is unknown (pulumi/pulumi pkg/resource/plugin/provider_plugin.go Update: "If the provider does
+not support previews, return the inputs as the state"; the Python dynamic provider's Configure sets no
+supportsPreview). Every input computed from them is unknown too (and differs from the old value); the diff is
+repeated until nothing more changes. Component resources
 (GpuNode) show as updated when their inputs change (pulumi/pulumi pkg/resource/deploy/step_generator.go: diff,
 "no provider").
 Checks that look at the cluster again on every `up` (kube_providers._EveryUp: the GPU node inventory and the operand
@@ -98,7 +102,8 @@ def preview(old_raw: dict, new_raw: dict) -> dict[str, set[str]]:
     created = set(new) - set(old)
     changes: dict[str, str] = {}
     while True:
-        unknown_outputs = created | {n for n, c in changes.items() if c == "+-"}
+        unknown_outputs = created | {n for n, c in changes.items()
+                                     if c == "+-" or (c == "~" and new[n].typ.startswith("pulumi-python:dynamic/"))}
         found = {}
         for name in set(old) & set(new):
             inputs = dict(new[name].inputs)

@@ -560,7 +560,8 @@ def test_inventory_ties_replaced_nodes_to_their_config_entry(kube, api):
     problems, warnings = inventory(api, {"10.0.0.1": "dra"})
     assert problems == [] and warnings == [
         "GPU node 10.0.0.9 (kubelet v1.37.0+IKS, flavor gx3.16x80.l4) is not listed in gpu-migration:nodes; add it "
-        "with its stage (or, if it replaced a listed node, update that entry's name)",
+        "with its stage (or, if it replaced a listed node, run `pulumi up` again: the resumed replacement records it; "
+        "the entry's name needs no change)",
         "node 10.0.0.1 in gpu-migration:nodes matches no node in the cluster (stage dra; fine while its worker is "
         "being replaced, else fix its name)"]
     kube.nodes["10.0.0.9"]["metadata"]["annotations"] = {kube_checks.CONFIG_NAME_ANNOTATION: "10.0.0.1"}
@@ -590,6 +591,19 @@ def test_operand_placement_names_node_and_pods(kube, kubeconfig):
     assert "new1" not in str(e.value)
     assert create(kube_providers._OperandPlacementProvider(), kubeconfig, namespace="gpu-operator",
                   fenced=["ibm2"])["checked"] == ["ibm2"]
+
+
+def test_operand_placement_ignores_a_new_worker_that_got_a_fenced_name_again(kube, kubeconfig):
+    """A replaced node's fence stays in state under its old name; VPC hands the freed IP (the node name) to a later
+    worker, which runs the GPU Operator by design."""
+    kube.add_node("10.0.0.11", kubelet_version="v1.37.0+IKS")  # a new worker that got the old IP
+    kube.add_node("10.0.0.13", kubelet_version="v1.35.4+IKS")  # still on IBM's drivers
+    for node in ("10.0.0.11", "10.0.0.13"):
+        kube.add_pod("gpu-operator", f"nvidia-driver-daemonset-{node}", node=node)
+    with pytest.raises(CheckFailed) as e:
+        create(kube_providers._OperandPlacementProvider(), kubeconfig, namespace="gpu-operator",
+               fenced=["10.0.0.11", "10.0.0.13"], operator_min_version="1.36")
+    assert "node 10.0.0.13: runs IBM-managed drivers" in str(e.value) and "10.0.0.11" not in str(e.value)
 
 
 def test_pending_gpu_pods_reported_or_gated(kube, kubeconfig):

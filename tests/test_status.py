@@ -73,6 +73,16 @@ def test_table_shows_real_names_workers_versions_progress_and_verification(proje
     assert lines[3].split() == ["n3", "w3", "v1.35.4+IKS", "ibm-managed", "1/1", "done", "no", "-"]
 
 
+def test_a_renamed_entry_is_found_by_its_key(project, kube, capsys):
+    """An entry renamed to the new node keeps its old name as `key`; its outputs stay under node:<key>."""
+    (project / "Pulumi.pilot.yaml").write_text(STACK.replace("{name: n1, workerId: w1, stage: dra}",
+                                                             "{name: n1c, key: n1, workerId: w1, stage: dra}"))
+    kubeconfig = kube.write_kubeconfig(project / "kubeconfig")
+    code, out, _ = run(project, capsys, "--outputs", str(project / "outputs.json"), kubeconfig=kubeconfig)
+    assert code == 0
+    assert out.splitlines()[1].split()[:4] == ["n1b", "(was", "n1c)", "w1-new"]
+
+
 def test_json_for_scripts(project, kube, capsys):
     kubeconfig = kube.write_kubeconfig(project / "kubeconfig")
     del kube.nodes["n3"]

@@ -54,7 +54,7 @@ def pilot_config(cluster: Cluster, operator_ready: float = 5, **stages) -> dict:
     raw["kubeconfig"] = cluster.kubeconfig
     raw["ibmCloud"] = {"endpoint": cluster.iks.url, "iamEndpoint": cluster.iks.url}
     raw["timeouts"] = {"masterUpdate": 5, "workerReplace": 5, "workerPool": 5, "operatorReady": operator_ready,
-                       "smokeTest": 5, "drain": 5, "pollInterval": 0.02}
+                       "smokeTest": 5, "drain": 5, "evict": 5, "pollInterval": 0.02}
     return raw
 
 
@@ -104,9 +104,11 @@ def test_fresh_pilot_up(env):
         worker = env.iks.workers[outs["new_worker_id"]]
         assert outs["old_worker_id"] == WORKERS[config_name] != outs["new_worker_id"]
         assert node == worker["networkInterfaces"][0]["ipAddress"] != config_name
-        assert worker["kubeVersion"]["actual"] == "1.37.0_1501"
+        assert worker["kubeVersion"]["actual"] == "1.37.0_1499"  # the newest worker fix pack, not the master's
         assert config_name not in env.kube.nodes  # the old node left with its worker
-    assert any(f"update name in gpu-migration:nodes to '{dra}'" in w for w in result.warnings())
+    # The new node is recorded in state: nothing asks the user to rename the config entry.
+    assert not [w for w in result.warnings() if "gpu-migration:nodes" in w]
+    assert result.outputs(f"{DRA}-replacement")["node_name"] == dra
 
     # Labels landed on the nodes; the dra node has no device plugin and DRA devices, the other one the reverse.
     assert labels(env, dra)[PILOT_KEY] == "pilot" and labels(env, dra)[PLUGIN_OFF] == "false"
@@ -308,3 +310,58 @@ def test_operator_pods_on_an_ibm_managed_node_stop_up_naming_node_and_pods(env):
     replaced = [e.detail["worker"] for e in env.timeline.all("iks POST /v2/vpc/replaceWorker")]
     assert WORKERS[DP] not in replaced and WORKERS[IBM] not in replaced
     assert not env.timeline.all("create", name=f"{DRA}-operator-ready")
+
+
+# 5. issue 10: kubeVersion bump with migrated nodes; renaming the config entries or not --------------------------
+
+def test_kube_version_bump_replaces_each_migrated_worker_once_from_state(env):
+    t = env.timeline
+    raw = pilot_config(env, **{DRA: "device-plugin"})
+    raw["kubeVersion"] = "1.36"
+    first = up(env, raw, API_KEY)
+    assert first.error is None, f"{first.error}\n{t.dump()}"
+    migrated = {name: first.outputs(f"{name}-replacement")["new_worker_id"] for name in (DRA, DP)}
+    mark = t.add("bump").seq
+
+    second = up(env, {**raw, "kubeVersion": "1.37"}, API_KEY, prior=first.state)  # the config is not renamed
+    assert second.error is None, f"{second.error}\n{t.dump()}"
+    replaces = [e for e in t.all("iks POST /v2/vpc/replaceWorker") if e.seq > mark]
+    assert [e.detail["worker"] for e in replaces] == [migrated[DRA], migrated[DP]]  # current IDs, once each, in order
+    ready1 = max(e.seq for e in t.events if e.seq > mark and e.kind in ("update", "replace", "create")
+                 and e.detail.get("name") == f"{DRA}-operator-ready")
+    assert ready1 < replaces[1].seq  # one node at a time, behind node 1's readiness
+    for name in (DRA, DP):
+        outs = second.outputs(f"{name}-replacement")
+        assert outs["old_worker_id"] == migrated[name] and outs["actual_version"].startswith("1.37.")
+        assert env.iks.workers[outs["new_worker_id"]]["lifecycle"]["actualState"] == "deployed"
+
+
+def renamed(raw: dict, result, keep_key: bool) -> dict:
+    """What following the old rename advice did: name -> the new node, workerId -> the new worker."""
+    raw = copy.deepcopy(raw)
+    for node in raw["nodes"]:
+        if node["stage"] == "ibm-managed":
+            continue
+        outs = result.outputs(f"{node['name']}-replacement")
+        if keep_key:
+            node["key"] = node["name"]
+        node.update(name=outs["node_name"], workerId=outs["new_worker_id"])
+    return raw
+
+
+@pytest.mark.parametrize("keep_key", [True, False])
+def test_renaming_the_nodes_or_not_both_converge(env, keep_key):
+    t = env.timeline
+    raw = pilot_config(env)
+    first = fresh_up(env)
+    same = up(env, raw, API_KEY, prior=first.state)
+    assert same.error is None, f"{same.error}\n{t.dump()}"
+    mark = t.add("renamed").seq
+    second = up(env, renamed(raw, first, keep_key), API_KEY, prior=same.state)
+    assert second.error is None, f"{second.error}\n{t.dump()}"
+    after = [e for e in t.events if e.seq > mark]
+    assert not [e for e in after if e.kind == "iks POST /v2/vpc/replaceWorker"]
+    assert len(t.all("iks POST /v2/vpc/replaceWorker")) == 2
+    if keep_key:  # same resources: only the fences (a read-only check on the named node) run again
+        changed = {e.detail["name"] for e in after if e.kind in ("create", "replace", "delete")}
+        assert changed <= {f"{DRA}-fence", f"{DP}-fence"}, changed

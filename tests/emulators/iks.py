@@ -11,6 +11,25 @@ Fault injection:
   stick(worker_id) / stick_new_workers  a worker (or every new one) stays in provisioning forever
   refuse_replace[worker_id] = (status, description)  replaceWorker answers that error and changes nothing
   replace_lag = n                     an accepted replace shows (old deleting, new provisioning) only n ticks later
+  fail_new_workers = (state, message)  new workers end in e.g. provision_failed with that message
+  flap_new_workers = n                new workers' health goes normal/critical/normal... for n ticks once deployed
+  rebalance = False                   automatic rebalancing off: a replace deletes the old worker, creates none
+  fail_master_update = True           the next master update falls back to deployed at the old version
+  busy_master(ticks)                  masterStatus is not Ready for `ticks` ticks (e.g. a CA rotation)
+  answer_after_done(n, status, path)  n requests are carried out, then answered with `status` (a lost response)
+
+Behaviour of the real service modelled here, with its source (see /work/shared/reference/iks-api.md):
+- worker fix packs: new workers get the master's major.minor with the newest *worker* fix pack, which may differ
+  from the master's build either way (ibm-cloud-docs/containers update.md#vpc_worker_node, "Worker nodes can run
+  later patch versions than the master") -> `worker_versions`.
+- deleted workers and pools stay readable: getWorker / getWorkers?showDeleted=true return them with
+  actualState/health `deleted`; getWorkerPool answers 200 with lifecycle deleted and zones [] (terraform-provider-ibm
+  resource_ibm_container_vpc_worker_pool.go delete wait and issue #3595; resource_ibm_container_vpc_worker.go).
+- master: `updating` while updating, may fail back to `deployed` at the old version with targetVersion left newer;
+  a PUT while masterStatus is not Ready is refused with 400 Ef9cc (terraform-provider-ibm
+  resource_ibm_container_vpc_cluster.go waitForVpcClusterMasterAvailable; ibm-cloud-docs cluster-states-reference).
+- 404 G0004 for an unknown cluster (bluemix-go containerv2 clusters.go error bodies; IBM docs).
+- with automatic rebalancing off a replace creates no new worker (ibm-cloud-docs auto-rebalance-off).
 """
 import itertools
 import json
@@ -42,6 +61,8 @@ class IksEmulator:
                  api_key: str = "test-api-key", steps: int = 2) -> None:
         self.cluster_name, self.api_key, self.steps = cluster, api_key, steps
         self.versions = {"1.35": "1.35.4_1540", "1.36": "1.36.1_1530", "1.37": "1.37.0_1501"}
+        # The newest worker fix pack per major.minor: one newer, one older than the master's (either direction).
+        self.worker_versions = {"1.35": "1.35.4_1541", "1.36": "1.36.1_1531", "1.37": "1.37.0_1499"}
         self.cluster = {
             "id": f"{cluster}-id", "name": cluster, "masterKubeVersion": master_version,
             "targetVersion": master_version, "state": "normal",
@@ -57,6 +78,13 @@ class IksEmulator:
         self.stuck: set[str] = set()
         self.stick_new_workers = False
         self.replace_lag = 0
+        self.fail_new_workers: Optional[tuple[str, str]] = None
+        self.flap_new_workers = 0
+        self.flapping: set[str] = set()  # workers whose health still flaps
+        self.rebalance = True
+        self.fail_master_update = False
+        self.busy_on_update = 0  # the next n PUTs meet a master operation that just started (-> 400 Ef9cc)
+        self._answer_after: list[list[Any]] = []  # [remaining, status, path-substring]
         self._replacing: set[str] = set()  # accepted replaces not visible yet (replace_lag)
         self._faults: list[list[Any]] = []  # [remaining, status, path-substring]
         self._expire_on: list[str] = []
@@ -94,12 +122,27 @@ class IksEmulator:
                    state: str = "deployed", worker_id: Optional[str] = None, grow: bool = True) -> dict:
         """A worker in pool `pool_name` (created if missing); `grow`: the zone's size grows by one."""
         with self.lock:
-            pool = self._pool(pool_name) or self.add_pool(pool_name, zone)
+            pool = self._pool(pool_name, live=True) or self.add_pool(pool_name, zone)
             zone_entry = next(z for z in pool["zones"] if z["id"] == zone)
             zone_entry["workerCount"] += int(grow)
             pool["workerCount"] = zone_entry["workerCount"]
             worker = self._new_worker(pool, zone, version, state, worker_id)
             return worker
+
+    def answer_after_done(self, n: int, status: int = 503, path: str = "") -> None:
+        with self.lock:
+            self._answer_after.append([n, status, path])
+
+    def busy_master(self, ticks: int, status: str = "VPN server configuration update in progress.") -> None:
+        """masterStatus not Ready while another master operation runs (cluster-states-reference)."""
+        with self.lock:
+            self.cluster["lifecycle"]["masterStatus"] = status
+            self._after(ticks, lambda: self.cluster["lifecycle"].update(masterStatus="Ready"))
+
+    def worker_version_for(self, master_version: str) -> str:
+        """A replaced/new worker: the master's major.minor with the newest worker fix pack (update.md#vpc_worker_node)."""
+        minor = ".".join(master_version.split("_")[0].split(".")[:2])
+        return self.worker_versions.get(minor, master_version)
 
     def fail_next(self, n: int, status: int = 503, path: str = "") -> None:
         with self.lock:
@@ -121,9 +164,14 @@ class IksEmulator:
         return sum(1 for m, p in self.requests if m == method and p == path)
 
     # State machine ----------------------------------------------------------------------------------------------
-    def _pool(self, id_or_name: Optional[str]) -> Optional[dict]:
-        return self.pools.get(id_or_name or "") or next(
-            (p for p in self.pools.values() if p["poolName"] == id_or_name), None)
+    def _pool(self, id_or_name: Optional[str], live: bool = False) -> Optional[dict]:
+        """By ID, else by name preferring a live pool (a deleted pool keeps its name readable, #3595)."""
+        by_id = self.pools.get(id_or_name or "")
+        if by_id is not None:
+            return None if live and by_id["lifecycle"]["actualState"] == "deleted" else by_id
+        named = [p for p in self.pools.values() if p["poolName"] == id_or_name]
+        alive = [p for p in named if p["lifecycle"]["actualState"] != "deleted"]
+        return (alive or ([] if live else named) or [None])[-1]
 
     def _after(self, ticks: int, callback) -> None:
         self._pending.append([ticks, callback])
@@ -164,17 +212,35 @@ class IksEmulator:
         if worker["lifecycle"]["desiredState"] != "deployed":
             return
         worker["kubeVersion"]["actual"] = worker["kubeVersion"]["desired"]
+        if self.fail_new_workers:  # worker-node-state-reference: provision_failed / deploy_failed
+            state, message = self.fail_new_workers
+            worker["lifecycle"].update(actualState=state, message=message)
+            worker["health"].update(state="critical", message=message)
+            return
+        worker["kubeVersion"]["actual"] = worker["kubeVersion"]["desired"]
         worker["lifecycle"].update(actualState="deployed", message="")
         worker["health"].update(state="normal", message="Ready")
+        if self.flap_new_workers:  # a fresh node's Ready condition can flap (terraform waits 3 normal readings)
+            self._flap(worker, self.flap_new_workers)
+
+    def _flap(self, worker: dict, left: int) -> None:
+        self.flapping.add(worker["id"])
+        if left <= 0 or worker["lifecycle"]["desiredState"] != "deployed":
+            worker["health"].update(state="normal", message="Ready")
+            self.flapping.discard(worker["id"])
+            return
+        bad = left % 2 == 1
+        worker["health"].update(state="critical" if bad else "normal", message="Not Ready" if bad else "Ready")
+        self._after(1, lambda: self._flap(worker, left - 1))
 
     def _delete_worker(self, worker: dict, reason: str) -> None:
         worker["lifecycle"].update(desiredState="deleted", actualState="deleting", reasonForDelete=reason,
                                    pendingOperation="deleting")
         worker["health"].update(state="normal", message="Deleting")
 
-        def done() -> None:
+        def done() -> None:  # deleted workers keep answering, health `deleted` (worker-node-state-reference)
             worker["lifecycle"].update(actualState="deleted", pendingOperation="")
-            worker["health"].update(state="normal", message="Deleted")
+            worker["health"].update(state="deleted", message="Deleted")
         self._after(self.steps, done)
 
     # IAM --------------------------------------------------------------------------------------------------------
@@ -192,11 +258,13 @@ class IksEmulator:
     # IKS routes -------------------------------------------------------------------------------------------------
     def _check_cluster(self, name: Optional[str]) -> None:
         if name not in (self.cluster["name"], self.cluster["id"]):
-            raise Error(404, "The specified cluster could not be found.", "A0006")
+            raise Error(404, "The specified cluster could not be found. If applicable, make sure that you target "
+                             "the correct account and resource group.", "G0004")
 
-    def _worker(self, worker_id: Optional[str]) -> dict:
+    def _worker(self, worker_id: Optional[str], live: bool = False) -> dict:
+        """A deleted worker still answers 200 with actualState deleted (iks-api.md, getWorker)."""
         worker = self.workers.get(worker_id or "")
-        if worker is None or worker["lifecycle"]["actualState"] == "deleted":
+        if worker is None or (live and worker["lifecycle"]["actualState"] == "deleted"):
             raise Error(404, f"The specified worker node could not be found: {worker_id}", "E0011")
         return worker
 
@@ -231,7 +299,7 @@ class IksEmulator:
             return self._create_pool(body)
         if (method, path) == ("GET", "/v2/vpc/getWorkerPool"):
             self._check_cluster(q.get("cluster"))
-            pool = self._pool(q.get("workerpool"))
+            pool = self._pool(q.get("workerpool"))  # deleted pools stay readable (#3595)
             if pool is None:
                 raise Error(404, "The specified worker pool could not be found.", "E0052")
             return 200, pool
@@ -250,33 +318,45 @@ class IksEmulator:
         if full not in self.versions.values():
             raise Error(400, f"The Kubernetes version {body.get('version')} is not valid.", "E2a33")
         life = self.cluster["lifecycle"]
-        if life["masterState"] != "deployed":
-            raise Error(409, "A master update is already in progress.", "E3410")
+        if self.busy_on_update:
+            self.busy_on_update -= 1
+            self.busy_master(self.steps, "Certificate authority rotation in progress.")
+        if life["masterStatus"] != "Ready" or life["masterState"] != "deployed":
+            # Any master operation in progress (masterStatus not Ready) refuses the PUT with 400 Ef9cc (iks-api.md,
+            # from terraform-provider-ibm's issue threads listed there)
+            raise Error(400, "The master must be in the deployed state and its status Ready to start this "
+                             f"operation; current status: {life['masterStatus']}", "Ef9cc")
         current, wanted = (version_key(v)[1] for v in (self.cluster["masterKubeVersion"], full))
         if wanted > current + 1:  # IKS: one minor version at a time
             raise Error(400, f"The master can be updated only one minor version at a time, not to {full}.", "E2a37")
         self.cluster["targetVersion"] = full
-        life.update(masterState="deploying", masterStatus="Version update in progress.", masterHealth="warning")
+        life.update(masterState="updating", masterStatus="Version update in progress.", masterHealth="warning")
+        fails, self.fail_master_update = self.fail_master_update, False
 
         def done() -> None:
+            if fails:  # falls back to deployed at the old version; targetVersion stays newer (cluster-states-reference)
+                life.update(masterState="deployed", masterStatus="Ready", masterHealth="normal")
+                return
             self.cluster["masterKubeVersion"] = full
             life.update(masterState="deployed", masterStatus="Ready", masterHealth="normal")
         self._after(self.steps, done)
         return 204, None
 
     def _replace(self, body: dict) -> tuple[int, None]:
-        worker = self._worker(body.get("workerID"))
+        worker = self._worker(body.get("workerID"), live=True)
         if worker["id"] in self.refuse_replace:
             status, description = self.refuse_replace[worker["id"]]
             raise Error(status, description, "E3917")
         if worker["lifecycle"]["desiredState"] == "deleted" or worker["id"] in self._replacing:
             raise Error(409, f"The worker node {worker['id']} is already being deleted or replaced.", "E3918")
-        version = self.cluster["masterKubeVersion"] if body.get("update") else worker["kubeVersion"]["actual"]
+        version = (self.worker_version_for(self.cluster["masterKubeVersion"]) if body.get("update")
+                   else worker["kubeVersion"]["actual"])
 
         def start() -> None:
             self._replacing.discard(worker["id"])
             self._delete_worker(worker, "worker_replace")
-            self._new_worker(self._pool(worker["poolID"]), worker["location"], version, "provisioning", None)
+            if self.rebalance:  # the pool's automatic rebalancing provisions the new worker (auto-rebalance-off)
+                self._new_worker(self._pool(worker["poolID"]), worker["location"], version, "provisioning", None)
         if self.replace_lag:
             self._replacing.add(worker["id"])
             self._after(self.replace_lag, start)
@@ -285,26 +365,29 @@ class IksEmulator:
         return 204, None
 
     def _create_pool(self, body: dict) -> tuple[int, dict]:
-        if self._pool(body.get("name")) is not None:
+        if self._pool(body.get("name"), live=True) is not None:  # a deleted pool's name is free again
             raise Error(409, f"A worker pool named {body.get('name')} already exists.", "E0095")
         pool = self.add_pool(body["name"], body["zones"][0]["id"], body.get("flavor", ""), body.get("workerCount", 1))
         pool["vpcID"] = body.get("vpcID")
         pool["lifecycle"]["actualState"] = "provisioning"
         for zone in body["zones"]:
             for _ in range(body.get("workerCount", 1)):
-                self._new_worker(pool, zone["id"], self.cluster["masterKubeVersion"], "provisioning", None)
+                self._new_worker(pool, zone["id"], self.worker_version_for(self.cluster["masterKubeVersion"]),
+                                 "provisioning", None)
         self._after(self.steps, lambda: pool["lifecycle"].update(actualState="active"))
         return 201, {"workerPoolID": pool["id"]}
 
     def _remove_pool(self, id_or_name: str) -> tuple[int, None]:
-        pool = self._pool(id_or_name)
+        pool = self._pool(id_or_name, live=True)
         if pool is None:
             raise Error(404, "The specified worker pool could not be found.", "E0052")
         pool["lifecycle"].update(actualState="deleting", desiredState="deleted")
         for worker in self.workers.values():
             if worker["poolID"] == pool["id"] and worker["lifecycle"]["desiredState"] != "deleted":
                 self._delete_worker(worker, "pool_delete")
-        self._after(self.steps, lambda: self.pools.pop(pool["id"], None))
+        # The removed pool stays readable: lifecycle deleted, zones [] (terraform-provider-ibm #3595).
+        self._after(self.steps + 1, lambda: pool.update(zones=[], workerCount=0, lifecycle={
+            "actualState": "deleted", "desiredState": "deleted"}))
         return 204, None
 
     # HTTP -------------------------------------------------------------------------------------------------------
@@ -316,6 +399,9 @@ class IksEmulator:
                 if fault[0] > 0 and fault[2] in url.path:
                     fault[0] -= 1
                     return fault[1], {"code": "E0500", "description": "Service temporarily unavailable (injected)"}
+            after = next((a for a in self._answer_after if a[0] > 0 and a[2] in url.path), None)
+            if after is not None:
+                after[0] -= 1
             if url.path in self._expire_on:
                 self._expire_on.remove(url.path)
                 self.expire_tokens()
@@ -330,6 +416,9 @@ class IksEmulator:
                 self.tick()
                 body = json.loads(raw_body) if raw_body else {}
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
-                return self.route(method, url.path, query, body)
+                result = self.route(method, url.path, query, body)
+                if after is not None:  # carried out, but the client sees an error (it will retry)
+                    return after[1], {"code": "E0500", "description": "Gateway timeout (injected after the change)"}
+                return result
             except Error as e:
                 return e.status, e.body

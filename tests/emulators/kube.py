@@ -82,6 +82,7 @@ class KubeEmulator:
         self.slices: list[dict] = []
         self.claims: dict[tuple[str, str], dict] = {}
         self.namespaces: set[str] = set()
+        self.pdbs: dict[tuple[str, str], dict] = {}  # PodDisruptionBudgets, consulted by the eviction subresource
         self.openapi: dict[str, dict] = {RESOURCE_V1: openapi_resource_v1()}
         self.device_classes: dict[str, dict] = {}
         # An API server with the DRAExtendedResource gate off serves the field in OpenAPI but drops it from
@@ -141,7 +142,11 @@ class KubeEmulator:
                 "metadata": {"name": name, "uid": str(uuid.uuid4()), "labels": {"kubernetes.io/hostname": name,
                                                                                **(labels or {})}},
                 "spec": {}, "status": {"allocatable": {"cpu": "8", **(allocatable or {})},
-                                       "nodeInfo": node_info(kubelet_version)}}
+                                       "nodeInfo": node_info(kubelet_version),
+                                       # A registered kubelet reports Ready (kubernetes pkg/kubelet/nodestatus/
+                                       # setters.go ReadyCondition); the path switch waits for it.
+                                       "conditions": [{"type": "Ready", "status": "True",
+                                                       "reason": "KubeletReady"}]}}
         self.nodes[name] = node
         return node
 
@@ -186,6 +191,15 @@ class KubeEmulator:
                  "status": {"allocation": {"devices": {"results": results}}}}
         self.claims[(namespace, name)] = claim
         return claim
+
+    def add_pdb(self, namespace: str, name: str, match_labels: dict, disruptions_allowed: int) -> dict:
+        """status.disruptionsAllowed is what the disruption controller computed; eviction decrements it."""
+        pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+               "metadata": {"name": name, "namespace": namespace},
+               "spec": {"selector": {"matchLabels": match_labels}},
+               "status": {"disruptionsAllowed": disruptions_allowed}}
+        self.pdbs[(namespace, name)] = pdb
+        return pdb
 
     def add_event(self, pod: dict, reason: str, message: str, type_: str = "Warning") -> dict:
         meta = pod["metadata"]
@@ -244,6 +258,7 @@ class KubeEmulator:
             (ns + r"/pods/([^/]+)", "GET", lambda n, name, **k: self._get(self.pods, (n, name), "pods")),
             (ns + r"/pods/([^/]+)", "DELETE", self._delete_pod),
             (ns + r"/pods/([^/]+)/log", "GET", self._log),
+            (ns + r"/pods/([^/]+)/eviction", "POST", self._evict),
             (ns + r"/events", "GET", lambda n, **k: self._list(
                 "EventList", [e for e in self.events if e["metadata"]["namespace"] == n], k["selector"])),
             (r"/apis/resource.k8s.io/v1/resourceslices", "GET",
@@ -331,6 +346,33 @@ class KubeEmulator:
         pod = self.pods.pop((namespace, name), None)
         return (200, pod) if pod else (404, _status(404, f'pods "{name}" not found'))
 
+    def _evict(self, namespace, name, body, **_):
+        """The pods/eviction subresource as kubernetes pkg/registry/core/pod/storage/eviction.go serves it: a
+        finished pod is deleted without a budget check; more than one matching PDB is a 500; a PDB with
+        disruptionsAllowed 0 answers 429 TooManyRequests (cause DisruptionBudget); otherwise the budget is
+        decremented and the pod deleted (201, Status Success)."""
+        if (body or {}).get("kind") != "Eviction":
+            return 400, _status(400, "Eviction body expected")
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            return 404, _status(404, f'pods "{name}" not found')
+        if pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+            labels = pod["metadata"].get("labels") or {}
+            pdbs = [p for (n, _), p in self.pdbs.items() if n == namespace and all(
+                labels.get(k) == v for k, v in p["spec"]["selector"]["matchLabels"].items())]
+            if len(pdbs) > 1:
+                return 500, _status(500, "This pod has more than one PodDisruptionBudget, which the eviction "
+                                         "subresource does not support.")
+            if pdbs and pdbs[0]["status"]["disruptionsAllowed"] <= 0:
+                status = _status(429, "Cannot evict pod as it would violate the pod's disruption budget.")
+                status["details"] = {"causes": [{"reason": "DisruptionBudget", "message": (
+                    f"The disruption budget {pdbs[0]['metadata']['name']} needs 1 healthy pods and has 1 currently")}]}
+                return 429, status
+            if pdbs:
+                pdbs[0]["status"]["disruptionsAllowed"] -= 1
+        self.pods.pop((namespace, name))
+        return 201, {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}
+
     def _log(self, namespace, name, **_):
         if (namespace, name) not in self.pods:
             return 404, _status(404, f'pods "{name}" not found')
@@ -338,7 +380,8 @@ class KubeEmulator:
 
 
 def _status(code: int, message: str) -> dict:
-    reasons = {404: "NotFound", 409: "AlreadyExists", 415: "UnsupportedMediaType"}
+    reasons = {404: "NotFound", 409: "AlreadyExists", 415: "UnsupportedMediaType", 429: "TooManyRequests",
+               500: "InternalError"}
     return {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code,
             "reason": reasons.get(code, "BadRequest"), "message": message}
 
@@ -400,7 +443,12 @@ class GpuNodeModel:
             if not self._slices():
                 self.kube.add_slice(self.node, self.driver, self.gpus)
             if plugin_pod not in self.kube.pods:
-                self.kube.add_pod(*plugin_pod, node=self.node)
+                pod = self.kube.add_pod(*plugin_pod, node=self.node)
+                # A DaemonSet pod (NVIDIA/k8s-dra-driver-gpu deployments/helm/dra-driver-nvidia-gpu/templates/
+                # kubeletplugin.yaml), so an eviction (node_eviction) leaves it alone as kubectl drain does.
+                pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                                       "name": "nvidia-dra-driver-gpu-kubelet-plugin",
+                                                       "uid": "uid-kubelet-plugin", "controller": True}]
         else:
             self.kube.pods.pop(plugin_pod, None)
             if self._slices():

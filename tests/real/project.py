@@ -29,7 +29,7 @@ def local_config(cluster, iks, nodes: list[dict], kube_version: str = "1.37", **
         "smokeTest": {"image": "nvcr.io/nvidia/cuda:12.9.1-base-ubi9",
                       "command": ["sh", "-c", "nvidia-smi -L && sleep 2"]},
         "timeouts": {"masterUpdate": 60, "workerReplace": 60, "workerPool": 60, "operatorReady": 60,
-                     "smokeTest": 60, "drain": 60, "pollInterval": 0.2},
+                     "smokeTest": 60, "drain": 60, "evict": 60, "pollInterval": 0.2},
     }
     cfg.update(extra)
     return cfg
