@@ -282,14 +282,29 @@ class WorkerReplacementProvider(_IksProvider):
         replaces = ["cluster"] if olds.get("cluster") != news.get("cluster") else []
         if news.get("worker_id") not in recorded:
             replaces.append("worker_id")
-        changed = bool(replaces) or olds.get("kube_version") != news.get("kube_version")
+        # `pulumi refresh` found the recorded worker gone (replaced outside Pulumi): the update follows it.
+        drifted = olds.get("worker_state") == "deleted"
+        changed = bool(replaces) or drifted or olds.get("kube_version") != news.get("kube_version")
         return dyn.DiffResult(changes=changed, replaces=replaces, delete_before_replace=False)
 
+    def read(self, id_: str, props: dict[str, Any]) -> dyn.ReadResult:
+        """`pulumi refresh`: the recorded new worker as IKS has it now — its state, version and node. A worker
+        replaced outside Pulumi reads `deleted`; the next `up` then follows it to its replacement (no new replace)."""
+        worker = self.client(props).get_worker(props["cluster"], props.get("new_worker_id") or props["worker_id"])
+        state = ((worker or {}).get("lifecycle") or {}).get("actualState") or "deleted"
+        outs = {**props, "worker_state": state}
+        if worker and state != "deleted":
+            outs["actual_version"] = (worker.get("kubeVersion") or {}).get("actual") or props.get("actual_version")
+            outs["node_name"] = primary_ip(worker) or props.get("node_name")
+        return dyn.ReadResult(id_, outs)
+
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.UpdateResult:
-        """kubeVersion bump: replace the worker this resource ended with last time (never the configured old ID)."""
+        """kubeVersion bump: replace the worker this resource ended with last time (never the configured old ID).
+        After a refresh that found that worker replaced outside Pulumi, the same resumable path follows it to the
+        worker that took its place instead of replacing anything."""
         current = olds.get("new_worker_id") or news["worker_id"]
         outs = self._replace(news, current)
-        return dyn.UpdateResult({**outs, "old_worker_id": current})
+        return dyn.UpdateResult({**outs, "old_worker_id": current, "worker_state": "deployed"})
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         _log(f"worker replacement {props.get('old_worker_id')} -> {props.get('new_worker_id')}: "

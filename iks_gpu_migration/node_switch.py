@@ -21,10 +21,10 @@ from typing import Any, Optional
 
 import pulumi
 from kubernetes import client
-from pulumi.dynamic import Resource
+from pulumi.dynamic import DiffResult, ReadResult, Resource
 
 from . import kube_checks
-from .kube_providers import CheckFailed, _Provider, _short, _timing
+from .kube_providers import CheckFailed, _client, _Provider, _short, _timing
 from .node_labels import DEVICE_PLUGIN_LABEL
 from .waiting import WaitTimeout, wait_for
 
@@ -175,8 +175,39 @@ def wait_registered(api, p: dict[str, Any]) -> None:
                           f"and run `pulumi up` again") from None
 
 
+def observed_path(labels: dict[str, str], pilot_label: str) -> str:
+    """Which path the node's labels put it on: dra (pilot label, plugin off), device-plugin (neither), or mixed."""
+    key, _, value = pilot_label.partition("=")
+    pilot, plugin_off = labels.get(key) == value, labels.get(DEVICE_PLUGIN_LABEL) == "false"
+    if pilot and plugin_off:
+        return "dra"
+    return "device-plugin" if not pilot and not plugin_off else "mixed"
+
+
 class _NodePathSwitchProvider(_Provider):
     rerun_on = ("node", "target", "pilot_label", "device_plugin_resource", "extended_resource", "driver")
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        """`pulumi refresh`: the path the node's labels show now (someone may have removed the pilot label or turned
+        the device plugin back on). A node that is gone reads `missing`."""
+        with _client(props.get("kubeconfig")) as api:
+            try:
+                path = observed_path(labels_of(api, props["node"]), props["pilot_label"])
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+                path = "missing"
+        return ReadResult(id_, {**props, "observed_path": path})
+
+    def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        """As a check, plus: a refresh that saw the node off its target path runs the switch again (it repairs the
+        labels step by step, as on the way there)."""
+        result = super().diff(id_, olds, news)
+        seen = olds.get("observed_path")
+        if seen and seen != news.get("target"):
+            return DiffResult(changes=True, replaces=sorted({*(result.replaces or []), "target"}),
+                              delete_before_replace=True)
+        return result
 
     def run(self, api, p):
         wait_registered(api, p)
