@@ -4,12 +4,13 @@ Everything is validated here, before any resource is declared; errors name the k
 """
 import json
 import re
-from typing import Any, Literal, Optional, get_args
+from typing import Any, Literal, Optional, Union, get_args
 
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from .plan import resolve_max_unavailable
 from .versions import version_at_least
 
 NAMESPACE = "gpu-migration"
@@ -122,6 +123,7 @@ class Timeouts(Model):
     operator_ready: float = Field(default=1800, gt=0)
     smoke_test: float = Field(default=600, gt=0)
     drain: float = Field(default=1800, gt=0)
+    capacity_gate: float = Field(default=3600, gt=0)  # a batch waits this long for capacity (plan.gate_decision)
     poll_interval: float = Field(default=15, gt=0)
 
 
@@ -143,6 +145,31 @@ class MigrationConfig(Model):
     temp_gpu_pool: TempGpuPool = TempGpuPool()
     timeouts: Timeouts = Timeouts()
     kubeconfig: Optional[str] = None  # path; default is KUBECONFIG / ~/.kube/config
+    # Capacity budget (iks_gpu_migration.plan): GPU nodes unavailable at once, a count or "NN%" of `nodes`.
+    max_unavailable: Union[int, str] = 1
+    batch_soak_seconds: float = Field(default=0, ge=0)  # wait between batches
+    # Counts GPU nodes the config does not name (replaced nodes, temporary pool workers) towards capacity.
+    gpu_node_selector: str = "nvidia.com/gpu.present=true"
+
+    @field_validator("max_unavailable", mode="before")
+    @classmethod
+    def _max_unavailable(cls, v: Any) -> Union[int, str]:
+        text = str(v).strip()
+        if re.fullmatch(r"\d+", text):
+            return int(text)
+        if re.fullmatch(r"\d+(\.\d+)?%", text) and 0 < float(text[:-1]) <= 100:
+            return text
+        raise ValueError(f"maxUnavailable {v!r} must be a node count (e.g. 2) or a percent of nodes (e.g. 25%)")
+
+    @field_validator("gpu_node_selector")
+    @classmethod
+    def _selector(cls, v: str) -> str:
+        for term in filter(str.strip, v.split(",")):
+            key, sep, value = term.strip().partition("=")
+            if not sep or not _LABEL_VALUE.match(value):
+                raise ValueError(f"gpuNodeSelector term {term!r} must be key=value")
+            check_qualified_name(key)
+        return v
 
     @field_validator("kube_version")
     @classmethod
@@ -203,6 +230,11 @@ class MigrationConfig(Model):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _budget(self) -> "MigrationConfig":
+        resolve_max_unavailable(self.max_unavailable, len(self.nodes), self.surge)  # PlanError is a ValueError
+        return self
+
     # Derived views used by the components.
     @property
     def device_plugin_resource(self) -> str:
@@ -212,6 +244,11 @@ class MigrationConfig(Model):
     def pilot_label_pair(self) -> tuple[str, str]:
         key, _, value = self.pilot_label.partition("=")
         return key, value
+
+    @property
+    def surge(self) -> int:
+        """Temporary GPU pool workers: surge capacity that lets batches hold more nodes (plan.Budget)."""
+        return self.temp_gpu_pool.size_per_zone if self.temp_gpu_pool.enabled else 0
 
     def nodes_in(self, *stages: str) -> list[Node]:
         return [n for n in self.nodes if n.stage in stages]

@@ -1,8 +1,9 @@
 """Declares the whole migration for one stack from its validated config.
 
-Order of operations (enforced with depends_on):
-  master version -> [temporary GPU pool] -> for each node past `ibm-managed`, one at a time:
-  fence -> worker replacement -> labels -> operator readiness -> next node.
+Order of operations (enforced with depends_on, and between batches by rollout.py):
+  master version -> [temporary GPU pool] -> the plan's batches (plan.py: at most maxUnavailable + surge nodes at once),
+  each after its CapacityGate and after the previous batch is done; per node:
+  fence -> worker replacement -> labels -> operator readiness.
   `ibm-managed` labels + fences of nodes awaiting replacement -> GPU Operator (never next to IBM's drivers).
   `dra` labels + DRA driver + DeviceClass -> preflight -> smoke Pods -> smoke verification.
   Rollback (`dra` -> `device-plugin`): drain -> labels -> verification on the device-plugin path.
@@ -13,10 +14,13 @@ from typing import Any, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from . import charts, dra, iks_providers, kube_providers, node_labels, smoke_test
+from . import charts, dra, iks_providers, kube_providers, node_labels, rollout, smoke_test
 from .config import MIN_MINOR, MigrationConfig, Node
+from .plan import Plan, plan_for
 
 OPERATOR_MIN_VERSION = f"1.{MIN_MINOR['device-plugin']}"  # workers below it still run IBM-managed drivers
+# pulumi/dynamic/__main__.py: grpc.server(futures.ThreadPoolExecutor(max_workers=4)) serves every dynamic resource.
+DYNAMIC_PROVIDER_WORKERS = 4
 
 
 @dataclass
@@ -28,6 +32,8 @@ class Declared:
     dra_driver: Any = None
     device_class: Any = None
     preflight: Any = None
+    plan: Optional[Plan] = None
+    gates: list[Any] = field(default_factory=list)
     nodes: dict[str, "GpuNode"] = field(default_factory=dict)
 
 
@@ -62,12 +68,7 @@ class GpuNode(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, provider=self.ctx.k8s_provider, depends_on=deps),
         )
 
-    def migrate(
-        self,
-        after: list[pulumi.Resource],
-        readiness_deps: list[pulumi.Resource],
-        other_worker_ids: list[pulumi.Input[str]],
-    ) -> None:
+    def migrate(self, after: list[pulumi.Resource], readiness_deps: list[pulumi.Resource]) -> None:
         """Replace the worker (after `after`), label it for its stage, roll back from dra if needed, check readiness."""
         node, cfg, ctx, t = self.node, self.cfg, self.ctx, self.cfg.timeouts
         # A worker replaced at the target version (idempotent once done); its node name can change.
@@ -80,7 +81,6 @@ class GpuNode(pulumi.ComponentResource):
             api=ctx.ibm_api,
             timeout=t.worker_replace,
             poll_interval=t.poll_interval,
-            other_worker_ids=other_worker_ids,  # lets a resumed replacement tell its new worker from siblings
             # The only GPU node is replaced only with a temporary GPU pool to take its workloads.
             single_gpu_node=len(cfg.nodes) == 1 and not cfg.temp_gpu_pool.enabled,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, self.fence]),
@@ -118,7 +118,7 @@ class GpuNode(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[self.labels]),
             )
 
-        # Operand pods up and GPUs allocatable on the replaced node; the next node waits for this.
+        # Operand pods up and GPUs allocatable on the replaced node; the next batch waits for this.
         self.readiness = kube_providers.OperatorReadiness(
             f"{node.name}-operator-ready",
             kubeconfig=cfg.kubeconfig,
@@ -231,13 +231,19 @@ def declare(cfg: MigrationConfig) -> Declared:
         )
         readiness_deps.append(out.dra_driver)
 
-    # Nodes past ibm-managed are replaced one at a time, in config order: each waits for the previous one's readiness.
+    # Nodes past ibm-managed migrate in the plan's batches, each batch after its capacity gate and the previous batch.
+    out.plan = plan_for(cfg)
+    if pulumi.runtime.is_dry_run():
+        pulumi.log.info(out.plan.render())
+    if out.plan.budget.batch_size > DYNAMIC_PROVIDER_WORKERS:
+        pulumi.log.warn(
+            f"batches of {out.plan.budget.batch_size} nodes: the Python dynamic-provider host runs at most "
+            f"{DYNAMIC_PROVIDER_WORKERS} provider operations at once, so at most that many nodes of a batch progress "
+            f"together (see README, Fleet scale)"
+        )
+    by_name = {n.node.name: n for n in gpu_nodes}
+    out.gates = rollout.declare_batches(out.plan, by_name, cfg, after, readiness_deps)
     migrated = [n for n in gpu_nodes if n.node.stage != "ibm-managed"]
-    for i, gpu_node in enumerate(migrated):
-        previous = [migrated[i - 1].readiness] if i else []
-        siblings = [n.worker_id for n in cfg.nodes if n != gpu_node.node]
-        siblings += [m.replacement.new_worker_id for m in migrated[:i]]
-        gpu_node.migrate(after + previous, readiness_deps, siblings)
     for gpu_node in gpu_nodes:
         gpu_node.register_outputs({"stage": gpu_node.node.stage})
     out.nodes = {n.node.name: n for n in gpu_nodes}

@@ -1,0 +1,83 @@
+"""Declares the plan's batches: a CapacityGate per batch, the batch's nodes after it, the next batch after them.
+
+Why the order between batches is not a `depends_on` chain: the Python SDK checks every new dependency for cycles by
+walking all transitive dependencies recursively (pulumi/runtime/resource_cycle_breaker.py `_reachable`, called from
+runtime/rpc.py `_add_dependency` for depends_on and for every resource an input Output carries). A chain through all
+nodes makes that walk O(n) per edge, O(n^2) per program, and recursion O(n) deep: 1000 nodes raised RecursionError.
+
+Instead the next batch's gate takes an input (`after`) whose future resolves only once every node of the previous
+batch is done, and which carries no resources. The SDK registers a resource only after its inputs resolve, and the
+engine answers RegisterResource only once the step finished, so batch i+1 reaches the engine after batch i is done,
+while the dependency graph stays a constant depth per node. A failed node makes that future fail: the next gate is
+never registered, later batches never start, and nodes already running finish (the engine lets in-flight steps end).
+In preview every registration returns at once, so all batches show.
+"""
+import asyncio
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import pulumi
+
+from . import capacity_gate
+from .plan import Batch, Plan
+
+if TYPE_CHECKING:
+    from .migration import GpuNode
+
+
+class BatchStopped(RuntimeError):
+    """A node of the previous batch failed, so this batch was not started."""
+
+
+async def _known() -> bool:
+    return True
+
+
+def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int) -> pulumi.Output:
+    """The node names (after replacement) of `nodes`, resolved once they are all done; carries no resources on
+    purpose (see the module docstring)."""
+
+    async def wait() -> list[str]:
+        done = []
+        for gpu_node in nodes:
+            try:
+                await gpu_node.readiness.ready.future()
+                name = await pulumi.Output.from_input(gpu_node.hostname).future()
+            except Exception as e:  # noqa: BLE001 - any failure of the node stops later batches
+                raise BatchStopped(
+                    f"batch {next_index} and later were not started: node {gpu_node.node.name} of batch "
+                    f"{batch.index} did not finish ({e}); fix it and run `pulumi up` again "
+                    f"(finished nodes are not redone)"
+                ) from None
+            done.append(name or gpu_node.node.name)
+        return done
+
+    return pulumi.Output(set(), asyncio.ensure_future(wait()), _known(), _known())
+
+
+def declare_batches(plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after: list[pulumi.Resource],
+                    readiness_deps: list[pulumi.Resource]) -> list[capacity_gate.CapacityGate]:
+    """One gate per batch; each node of the batch migrates after its gate (and `after`: master, temporary pool)."""
+    gates = []
+    previous: Optional[tuple[Batch, list["GpuNode"]]] = None
+    for batch in plan.batches:
+        gate = capacity_gate.CapacityGate(
+            batch.gate_name,
+            kubeconfig=cfg.kubeconfig,
+            index=batch.index,
+            batch=batch.nodes,
+            stages={name: gpu_nodes[name].node.stage for name in batch.nodes},
+            # Made only when a later batch awaits it (an unawaited failure would be reported twice).
+            after=when_done(*previous, batch.index) if previous else [],
+            selector=cfg.gpu_node_selector,
+            min_available=plan.budget.min_available,
+            soak_seconds=batch.soak_seconds,
+            timeout=cfg.timeouts.capacity_gate,
+            poll_interval=cfg.timeouts.poll_interval,
+            opts=pulumi.ResourceOptions(depends_on=after),
+        )
+        gates.append(gate)
+        members = [gpu_nodes[name] for name in batch.nodes]
+        for gpu_node in members:
+            gpu_node.migrate([*after, gate], readiness_deps)
+        previous = (batch, members)
+    return gates
