@@ -28,8 +28,8 @@ class BatchStopped(RuntimeError):
     """A node of the previous batch failed, so this batch was not started."""
 
 
-async def _known() -> bool:
-    return True
+async def _const(value: bool) -> bool:
+    return value
 
 
 def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int) -> pulumi.Output:
@@ -51,7 +51,7 @@ def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int) -> pulu
             done.append(name or gpu_node.node.name)
         return done
 
-    return pulumi.Output(set(), asyncio.ensure_future(wait()), _known(), _known())
+    return pulumi.Output(set(), asyncio.ensure_future(wait()), is_known=_const(True), is_secret=_const(False))
 
 
 def declare_batches(plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after: list[pulumi.Resource],
