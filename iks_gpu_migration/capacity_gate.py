@@ -34,11 +34,12 @@ class _CapacityGateProvider(_Provider):
     rerun_on = ("batch", "stages", "min_available", "selector")
 
     def run(self, api, p):
+        p = {**p, "index": int(p["index"])}  # numbers come back from the engine as floats
         what = f"capacity for batch {p['index']} ({', '.join(p['batch'])})"
         soak = float(p.get("soak_seconds") or 0)
         if soak and p.get("after"):
             started = time.monotonic()
-            wait_for(f"soak of {soak:g}s after batch {int(p['index']) - 1} before {what}",
+            wait_for(f"soak of {soak:g}s after batch {p['index'] - 1} before {what}",
                      lambda: (time.monotonic() - started >= soak, None, "soaking"),
                      timeout=soak + 60, interval=min(soak, float(p.get("poll_interval") or 15)))
 

@@ -42,6 +42,8 @@ def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int) -> pulu
             try:
                 await gpu_node.readiness.ready.future()
                 name = await pulumi.Output.from_input(gpu_node.hostname).future()
+            except BatchStopped:
+                raise  # an earlier batch failed: say so once, not nested per batch
             except Exception as e:  # noqa: BLE001 - any failure of the node stops later batches
                 raise BatchStopped(
                     f"batch {next_index} and later were not started: node {gpu_node.node.name} of batch "

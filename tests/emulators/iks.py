@@ -11,6 +11,8 @@ Fault injection:
   stick(worker_id) / stick_new_workers  a worker (or every new one) stays in provisioning forever
   refuse_replace[worker_id] = (status, description)  replaceWorker answers that error and changes nothing
   replace_lag = n                     an accepted replace shows (old deleting, new provisioning) only n ticks later
+  provision_seconds = T               new workers deploy T seconds (wall clock, seen at the next request) after they
+                                      were created instead of after `steps` ticks: the replacement time of benchmarks
 """
 import itertools
 import json
@@ -57,6 +59,8 @@ class IksEmulator:
         self.stuck: set[str] = set()
         self.stick_new_workers = False
         self.replace_lag = 0
+        self.provision_seconds: Optional[float] = None
+        self._timed: list[list[Any]] = []  # [monotonic deadline, callback]
         self._replacing: set[str] = set()  # accepted replaces not visible yet (replace_lag)
         self._faults: list[list[Any]] = []  # [remaining, status, path-substring]
         self._expire_on: list[str] = []
@@ -131,6 +135,10 @@ class IksEmulator:
     def tick(self) -> None:
         """Advance every pending transition by one step (every authenticated request does this)."""
         with self.lock:
+            now = time.monotonic()
+            for entry in [e for e in self._timed if e[0] <= now]:
+                self._timed.remove(entry)
+                entry[1]()
             for entry in list(self._pending):
                 entry[0] -= 1
                 if entry[0] <= 0:
@@ -154,7 +162,10 @@ class IksEmulator:
         if state == "provisioning":
             if self.stick_new_workers:
                 self.stuck.add(worker["id"])
-            self._after(self.steps, lambda: self._deploy(worker))
+            if self.provision_seconds is not None:
+                self._timed.append([time.monotonic() + self.provision_seconds, lambda: self._deploy(worker)])
+            else:
+                self._after(self.steps, lambda: self._deploy(worker))
         return worker
 
     def _deploy(self, worker: dict) -> None:
