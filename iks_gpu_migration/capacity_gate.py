@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 import pulumi
 from kubernetes import client
-from pulumi.dynamic import Resource
+from pulumi.dynamic import DiffResult, Resource
 
 from . import plan
 from .kube_providers import CheckFailed, _Provider, _timing
@@ -32,6 +32,11 @@ def node_view(node: client.V1Node) -> plan.NodeView:
 
 class _CapacityGateProvider(_Provider):
     rerun_on = ("batch", "stages", "min_available", "selector")
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        # A gate leaves nothing behind: the new one may check before the old record goes (no delete first).
+        result = super().diff(_id, olds, news)
+        return DiffResult(changes=result.changes, replaces=result.replaces, delete_before_replace=False)
 
     def run(self, api, p):
         p = {**p, "index": int(p["index"])}  # numbers come back from the engine as floats

@@ -28,8 +28,10 @@ class BatchStopped(RuntimeError):
     """A node of the previous batch failed, so this batch was not started."""
 
 
-async def _const(value: bool) -> bool:
-    return value
+def _resolved(value: bool) -> asyncio.Future:
+    future = asyncio.get_event_loop().create_future()  # a future, not a coroutine: never "never awaited"
+    future.set_result(value)
+    return future
 
 
 def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int) -> pulumi.Output:
@@ -53,7 +55,8 @@ def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int) -> pulu
             done.append(name or gpu_node.node.name)
         return done
 
-    return pulumi.Output(set(), asyncio.ensure_future(wait()), is_known=_const(True), is_secret=_const(False))
+    return pulumi.Output(set(), asyncio.ensure_future(wait()), is_known=_resolved(True),
+                         is_secret=_resolved(False))
 
 
 def declare_batches(plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after: list[pulumi.Resource],

@@ -65,5 +65,6 @@ def test_reruns_when_its_batch_or_stages_change():
     provider, olds = _CapacityGateProvider(), {"batch": ["n1"], "stages": {"n1": "device-plugin"}, "min_available": 3,
                                                "selector": "a=b", "after": ["n0"]}
     assert not provider.diff("id", olds, dict(olds)).changes
-    assert provider.diff("id", olds, {**olds, "stages": {"n1": "dra"}}).replaces == ["stages"]  # a dra switch is gated
+    rerun = provider.diff("id", olds, {**olds, "stages": {"n1": "dra"}})
+    assert rerun.replaces == ["stages"] and not rerun.delete_before_replace  # a dra switch is gated again
     assert not provider.diff("id", olds, {**olds, "after": ["10.9.9.9"]}).replaces
