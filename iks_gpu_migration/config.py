@@ -10,7 +10,7 @@ import pulumi
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from .plan import resolve_max_unavailable
+from .plan import parse_max_unavailable, resolve_max_unavailable
 from .versions import version_at_least
 
 NAMESPACE = "gpu-migration"
@@ -154,12 +154,7 @@ class MigrationConfig(Model):
     @field_validator("max_unavailable", mode="before")
     @classmethod
     def _max_unavailable(cls, v: Any) -> Union[int, str]:
-        text = str(v).strip()
-        if re.fullmatch(r"\d+", text):
-            return int(text)
-        if re.fullmatch(r"\d+(\.\d+)?%", text) and 0 < float(text[:-1]) <= 100:
-            return text
-        raise ValueError(f"maxUnavailable {v!r} must be a node count (e.g. 2) or a percent of nodes (e.g. 25%)")
+        return parse_max_unavailable(v)
 
     @field_validator("gpu_node_selector")
     @classmethod

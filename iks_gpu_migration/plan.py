@@ -15,6 +15,7 @@ its gate counts available GPU nodes in the cluster (nodes cordoned, NotReady or 
 opens only if the batch can go without dropping below N - maxUnavailable (`gate_decision`).
 """
 import math
+import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Protocol, Sequence, Union
 
@@ -28,6 +29,16 @@ class PlanError(ValueError):
 class _Node(Protocol):
     name: str
     stage: str
+
+
+def parse_max_unavailable(value: object) -> MaxUnavailable:
+    """A node count (2, "2") or a percent of the GPU nodes ("25%"), as the stack config gives it."""
+    text = str(value).strip()
+    if re.fullmatch(r"\d+", text):
+        return int(text)
+    if re.fullmatch(r"\d+(\.\d+)?%", text) and 0 < float(text[:-1]) <= 100:
+        return text
+    raise PlanError(f"maxUnavailable {value!r} must be a node count (e.g. 2) or a percent of nodes (e.g. 25%)")
 
 
 def resolve_max_unavailable(spec: MaxUnavailable, fleet: int, surge: int = 0) -> int:

@@ -10,7 +10,8 @@ batch is done, and which carries no resources. The SDK registers a resource only
 engine answers RegisterResource only once the step finished, so batch i+1 reaches the engine after batch i is done,
 while the dependency graph stays a constant depth per node. A failed node makes that future fail: the next gate is
 never registered, later batches never start, and nodes already running finish (the engine lets in-flight steps end).
-In preview every registration returns at once, so all batches show.
+In preview nothing runs, so the gates take the plan's names at once instead of waiting for the previous batch's
+registrations: preview stays O(n) even at one node per batch, and shows every batch.
 """
 import asyncio
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -64,15 +65,19 @@ def declare_batches(plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after
     """One gate per batch; each node of the batch migrates after its gate (and `after`: master, temporary pool)."""
     gates = []
     previous: Optional[tuple[Batch, list["GpuNode"]]] = None
+    preview = pulumi.runtime.is_dry_run()
     for batch in plan.batches:
+        if preview or previous is None:
+            waits_for: Any = list(batch.after)
+        else:  # made only when a later batch awaits it (an unawaited failure would be reported twice)
+            waits_for = when_done(*previous, batch.index)
         gate = capacity_gate.CapacityGate(
             batch.gate_name,
             kubeconfig=cfg.kubeconfig,
             index=batch.index,
             batch=batch.nodes,
             stages={name: gpu_nodes[name].node.stage for name in batch.nodes},
-            # Made only when a later batch awaits it (an unawaited failure would be reported twice).
-            after=when_done(*previous, batch.index) if previous else [],
+            after=waits_for,
             selector=cfg.gpu_node_selector,
             min_available=plan.budget.min_available,
             soak_seconds=batch.soak_seconds,

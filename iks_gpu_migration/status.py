@@ -4,7 +4,7 @@
 
 Reads `gpu-migration:nodes` from Pulumi.<stack>.yaml and, per node, prints the labels this program and the GPU
 Operator use, whether it is cordoned, and the last verification recorded on it by SmokeTestVerification or
-RollbackVerification (annotation migration.example.com/gpu-verification).
+RollbackVerification (annotation migration.example.com/gpu-verification); then the migration plan (batches, budget).
 """
 import argparse
 import json
@@ -14,7 +14,8 @@ from typing import Optional
 
 from ruamel.yaml import YAML
 
-from .config import MigrationConfig, NAMESPACE
+from .config import NAMESPACE, MigrationConfig, Node, TempGpuPool
+from .plan import make_plan, parse_max_unavailable
 from .kube_providers import VERIFICATION_ANNOTATION
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
@@ -75,12 +76,25 @@ def table(data: list[dict[str, str]]) -> str:
     return "\n".join("  ".join(v.ljust(widths[c]) for c, v in zip(COLUMNS, line)).rstrip() for line in lines)
 
 
+def plan_text(config: dict) -> str:
+    """The plan `pulumi up` follows for these nodes and budget keys (iks_gpu_migration.plan), or why there is none."""
+    try:
+        nodes = [Node.model_validate(n) for n in config.get("nodes") or []]
+        pool = TempGpuPool.model_validate(config.get("tempGpuPool") or {})
+        surge = pool.size_per_zone if pool.enabled else 0
+        plan = make_plan(nodes, parse_max_unavailable(config.get("maxUnavailable", 1)), surge,
+                         float(config.get("batchSoakSeconds") or 0), pool.name)
+    except ValueError as e:  # pydantic's ValidationError and PlanError are ValueErrors
+        return f"no migration plan: {e}"
+    return plan.render()
+
+
 def status_text(stack: str, kubeconfig: Optional[str] = None, project_dir: Path = PROJECT_DIR) -> str:
     from kubernetes import config as kube_config
 
     config = stack_config(Path(project_dir) / f"Pulumi.{stack}.yaml")
     with kube_config.new_client_from_config(config_file=kubeconfig or config.get("kubeconfig") or None) as api:
-        return table(rows(config, api))
+        return f"{table(rows(config, api))}\n\n{plan_text(config)}"
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -67,3 +67,11 @@ def test_a_failure_stops_later_batches():
     assert {"batch-1-gate", "batch-2-gate", "10.1.0.4-replacement"} <= names
     assert "batch-3-gate" not in names
     assert not {"10.1.0.5-replacement", "10.1.0.6-replacement"} & names
+
+
+def test_preview_does_not_wait_for_batches():
+    """In preview the next gate takes the plan's names at once (nothing runs, so nothing to wait for)."""
+    run = run_program(fleet_config(3), preview=True)
+    assert run.named("batch-2-gate").inputs["after"] == ["10.1.0.1"]
+    order = [r.name for r in run.registered]
+    assert order.index("batch-3-gate") < order.index("10.1.0.1-operator-ready")

@@ -128,3 +128,13 @@ def test_bad_budget_is_named(value, message):
 def test_bad_selector_is_named():
     with pytest.raises(ConfigError, match="gpu-migration:gpuNodeSelector: gpuNodeSelector term 'gpu' must be key=value"):
         config.parse(pilot(gpuNodeSelector="gpu"))
+
+
+def test_status_explains_the_plan():
+    from iks_gpu_migration import status
+
+    text = status.plan_text({"nodes": [{"name": f"n{i}", "workerId": f"w{i}", "stage": "device-plugin"}
+                                       for i in range(1, 6)], "maxUnavailable": "40%"})
+    assert "5 of 5 GPU nodes in 3 batch(es) of at most 2 (maxUnavailable 2)" in text
+    assert "batch 3: n5" in text
+    assert status.plan_text({"nodes": [], "maxUnavailable": "x"}).startswith("no migration plan: maxUnavailable 'x'")
