@@ -116,7 +116,7 @@ def make_plan(nodes: Sequence[_Node], max_unavailable: MaxUnavailable = 1, surge
     """Nodes past `ibm-managed` (replacements, dra switches and rollbacks) in config order, `batch_size` at a time."""
     budget = Budget(len(nodes), resolve_max_unavailable(max_unavailable, len(nodes), surge), surge)
     moving = [n.name for n in nodes if n.stage != "ibm-managed"]
-    size = budget.batch_size
+    size = max(budget.batch_size, 1)  # an empty fleet has nothing to batch
     groups = [tuple(moving[i:i + size]) for i in range(0, len(moving), size)]
     batches = tuple(
         Batch(i + 1, group, groups[i - 1] if i else (), soak_seconds if i else 0) for i, group in enumerate(groups)

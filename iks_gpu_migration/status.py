@@ -15,8 +15,8 @@ from typing import Optional
 from ruamel.yaml import YAML
 
 from .config import NAMESPACE, MigrationConfig, Node, TempGpuPool
-from .plan import make_plan, parse_max_unavailable
 from .kube_providers import VERIFICATION_ANNOTATION
+from .plan import make_plan, parse_max_unavailable
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 OPERATOR_LABELS = ("nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.operands",

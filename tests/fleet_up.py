@@ -19,7 +19,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from harness import RecordingMocks, Registered, run_program, stack_config
 from pulumi.runtime.sync_await import _ensure_event_loop
@@ -138,8 +138,9 @@ class FleetRun:
 
 def fleet_up(n: int, max_unavailable: str, replace_seconds: float, tmp_dir, host_workers: Optional[int] = None,
              poll_interval: float = 0.02, fail: frozenset = frozenset(), cordoned: tuple = (),
-             capacity_timeout: float = 60) -> FleetRun:
-    """`pulumi up` of n device-plugin nodes (already at the target master version) under budget max_unavailable."""
+             capacity_timeout: float = 60, setup: Optional[Callable[[KubeEmulator], None]] = None) -> FleetRun:
+    """`pulumi up` of n device-plugin nodes (already at the target master version) under budget max_unavailable;
+    `setup(kube)` may arrange the cluster further (e.g. changes triggered while gates poll)."""
     timeline = Timeline(fleet=n)
     kube = KubeEmulator().start()
     iks = FleetIks(kube, timeline, cluster="gpu-pilot", master_version="1.37.0_1501", api_key="test-api-key").start()
@@ -153,6 +154,8 @@ def fleet_up(n: int, max_unavailable: str, replace_seconds: float, tmp_dir, host
             nodes.append({"name": name, "workerId": worker["id"], "stage": "device-plugin"})
         for name in cordoned:  # unavailable for reasons of their own
             kube.nodes[name]["spec"]["unschedulable"] = True
+        if setup:
+            setup(kube)
         raw = copy.deepcopy(stack_config("pilot"))
         raw.update(nodes=nodes, maxUnavailable=max_unavailable, kubeconfig=kube.write_kubeconfig(tmp_dir / "kc"),
                    ibmCloud={"endpoint": iks.url, "iamEndpoint": iks.url},

@@ -1,10 +1,22 @@
 """The declared graph at fleet scale (under mocks): linear in the number of nodes, and batches in order."""
 import copy
 import functools
+import gc
+import logging
 
 import pytest
 
 from harness import RecordingMocks, run_program, stack_config
+
+
+@pytest.fixture(autouse=True)
+def quiet_asyncio():
+    """A failed registration under mocks leaves futures whose exception asyncio reports again on collection."""
+    logger = logging.getLogger("asyncio")
+    level, logger.level = logger.level, logging.CRITICAL
+    yield
+    gc.collect()
+    logger.setLevel(level)
 
 
 def fleet_config(n: int, max_unavailable: str = "1", stage: str = "device-plugin") -> dict:
@@ -75,3 +87,25 @@ def test_preview_does_not_wait_for_batches():
     assert run.named("batch-2-gate").inputs["after"] == ["10.1.0.1"]
     order = [r.name for r in run.registered]
     assert order.index("batch-3-gate") < order.index("10.1.0.1-operator-ready")
+
+
+def test_preview_logs_the_plan(monkeypatch):
+    import pulumi
+
+    logged = []
+    monkeypatch.setattr(pulumi.log, "info", lambda msg, *a, **k: logged.append(msg))
+    run_program(fleet_config(5, max_unavailable="2"), preview=True)
+    plans = [m for m in logged if m.startswith("migration plan:")]
+    assert len(plans) == 1 and "5 of 5 GPU nodes in 3 batch(es) of at most 2" in plans[0]
+    assert "batch 3: 10.1.0.5" in plans[0]
+
+
+def test_temporary_pool_is_surge_for_any_fleet_size():
+    raw = fleet_config(6, max_unavailable="0")
+    raw["tempGpuPool"] = {"enabled": True, "flavor": "gx3.16x80.l4", "zone": "us-south-1", "vpcId": "r006-vpc",
+                          "subnetId": "0717-subnet", "sizePerZone": 2}
+    run = run_program(raw)
+    gates = run.of_type("pulumi-python:dynamic/gpu-migration:CapacityGate")
+    assert [len(g.inputs["batch"]) for g in gates] == [2, 2, 2]
+    assert {g.inputs["min_available"] for g in gates} == {6}  # the pool's 2 workers stand in for the batch
+    assert run.depends("batch-1-gate", "temp-gpu-pool")

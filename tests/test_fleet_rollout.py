@@ -1,7 +1,6 @@
 """Batches against the IKS and Kubernetes emulators (tests/fleet_up.py): timelines of GPU capacity, not sleeps."""
 import gc
 import logging
-import threading
 
 import pytest
 
@@ -68,24 +67,17 @@ def test_nodes_unavailable_for_other_reasons_count_against_the_budget(tmp_path):
 def test_a_gate_waits_for_capacity_to_come_back(tmp_path):
     probe = fleet_up(5, "2", replace_seconds=0.1, tmp_dir=tmp_path)
     last = batches_of(probe)[-1][0]
-    uncordoned = {}
+    uncordoned = []
 
-    def uncordon(kube):
-        kube.nodes[last]["spec"]["unschedulable"] = None
-        uncordoned["at"] = True
+    def uncordon_while_the_first_gate_polls(kube):
+        def uncordon():
+            kube.nodes[last]["spec"]["unschedulable"] = None
+            uncordoned.append(len(kube.requests))
+        kube.after(5, "/api/v1/nodes", uncordon)
 
-    # Uncordon once the first gate has polled a few times (request-driven, not timed).
-    import fleet_up as module
-    original = module.KubeEmulator.start
-
-    def start(self):
-        self.after(5, "/api/v1/nodes", lambda: uncordon(self))
-        return original(self)
-
-    module.KubeEmulator.start = start
-    try:
-        run = fleet_up(5, "2", replace_seconds=0.1, tmp_dir=tmp_path, cordoned=(last,))
-    finally:
-        module.KubeEmulator.start = original
+    run = fleet_up(5, "2", replace_seconds=0.1, tmp_dir=tmp_path, cordoned=(last,),
+                   setup=uncordon_while_the_first_gate_polls)
     assert run.error is None and uncordoned
+    gate_opened = next(c.at for c in run.timeline.changes if c.event == "gate opened")
+    assert not [c for c in run.timeline.changes if c.event == "replace requested" and c.at < gate_opened]
     assert run.timeline.max_unavailable() <= 2
