@@ -159,11 +159,16 @@ class GateDecision:
     available: tuple[str, ...]  # GPU nodes outside the batch that are Ready and schedulable
     unavailable: tuple[str, ...]  # "name (why)" of counted GPU nodes outside the batch that are not
     needed: int
+    selector: str = ""
 
     @property
     def state(self) -> str:
         text = f"{len(self.available)} GPU nodes available outside the batch, {self.needed} needed"
-        return text + (f"; unavailable: {', '.join(self.unavailable)}" if self.unavailable else "")
+        text += f"; unavailable: {', '.join(self.unavailable)}" if self.unavailable else ""
+        if len(self.available) + len(self.unavailable) < self.needed:  # too few match: likely the selector
+            text += (f"; only {len(self.available) + len(self.unavailable)} nodes outside the batch match "
+                     f"gpuNodeSelector {self.selector!r}: it must match every GPU node (old, replaced, temporary pool)")
+        return text
 
 
 def gate_decision(observed: Iterable[NodeView], batch: Sequence[str], selector: str,
@@ -176,4 +181,4 @@ def gate_decision(observed: Iterable[NodeView], batch: Sequence[str], selector: 
     counted = [n for n in observed if n.name not in batch and selector_matches(selector, n.labels)]
     available = tuple(sorted(n.name for n in counted if n.available))
     unavailable = tuple(sorted(f"{n.name} ({n.why_not()})" for n in counted if not n.available))
-    return GateDecision(len(available) >= min_available, available, unavailable, min_available)
+    return GateDecision(len(available) >= min_available, available, unavailable, min_available, selector)

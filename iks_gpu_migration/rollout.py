@@ -10,8 +10,8 @@ batch is done, and which carries no resources. The SDK registers a resource only
 engine answers RegisterResource only once the step finished, so batch i+1 reaches the engine after batch i is done,
 while the dependency graph stays a constant depth per node. A failed node makes that future fail: the next gate is
 never registered, later batches never start, and nodes already running finish (the engine lets in-flight steps end).
-In preview nothing runs, so the gates take the plan's names at once instead of waiting for the previous batch's
-registrations: preview stays O(n) even at one node per batch, and shows every batch.
+In preview nothing runs, so the gates get the same value (the previous batch's configured names) at once instead of
+waiting for the previous batch's registrations: preview stays O(n) even at one node per batch, and shows every batch.
 """
 import asyncio
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -36,15 +36,13 @@ def _resolved(value: bool) -> asyncio.Future:
 
 
 def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int) -> pulumi.Output:
-    """The node names (after replacement) of `nodes`, resolved once they are all done; carries no resources on
-    purpose (see the module docstring)."""
+    """`batch.nodes` (the configured names, the same value preview shows), resolved only once every node of the batch
+    is done; carries no resources on purpose (see the module docstring)."""
 
     async def wait() -> list[str]:
-        done = []
         for gpu_node in nodes:
             try:
                 await gpu_node.readiness.ready.future()
-                name = await pulumi.Output.from_input(gpu_node.hostname).future()
             except BatchStopped:
                 raise  # an earlier batch failed: say so once, not nested per batch
             except Exception as e:  # noqa: BLE001 - any failure of the node stops later batches
@@ -53,8 +51,7 @@ def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int) -> pulu
                     f"{batch.index} did not finish ({e}); fix it and run `pulumi up` again "
                     f"(finished nodes are not redone)"
                 ) from None
-            done.append(name or gpu_node.node.name)
-        return done
+        return list(batch.nodes)
 
     return pulumi.Output(set(), asyncio.ensure_future(wait()), is_known=_resolved(True),
                          is_secret=_resolved(False))

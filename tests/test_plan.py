@@ -138,3 +138,11 @@ def test_status_explains_the_plan():
     assert "5 of 5 GPU nodes in 3 batch(es) of at most 2 (maxUnavailable 2)" in text
     assert "batch 3: n5" in text
     assert status.plan_text({"nodes": [], "maxUnavailable": "x"}).startswith("no migration plan: maxUnavailable 'x'")
+
+
+def test_a_selector_matching_too_few_nodes_is_named():
+    views = [NodeView(f"n{i}", {"other": "x"}) for i in range(1, 6)]
+    decision = gate_decision(views, ["n1"], SELECTOR, min_available=4)
+    assert not decision.open
+    assert "only 0 nodes outside the batch match gpuNodeSelector 'nvidia.com/gpu.present=true'" in decision.state
+    assert "only" not in gate_decision(fleet(5, n4={"ready": False}), ["n1"], SELECTOR, min_available=4).state

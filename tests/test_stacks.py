@@ -65,7 +65,7 @@ def test_pilot_order(pilot_run):
     # batch's gate is registered only once the previous batch is done (rollout.py), not through a dependency edge.
     assert run.depends(f"{DRA_NODE}-replacement", "master-version")
     assert run.depends(f"{DRA_NODE}-replacement", "batch-1-gate") and run.depends(f"{DP_NODE}-replacement", "batch-2-gate")
-    assert run.named("batch-2-gate").inputs["after"] == [DRA_NODE]  # its name after replacement (mocks keep it)
+    assert run.named("batch-2-gate").inputs["after"] == [DRA_NODE]
     order = [r.name for r in run.registered]
     assert order.index(f"{DRA_NODE}-operator-ready") < order.index("batch-2-gate")
     assert not run.depends(f"{DRA_NODE}-replacement", f"{DP_NODE}-operator-ready")
