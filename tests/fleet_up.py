@@ -11,8 +11,8 @@ Registrations block in the asyncio default executor, as they do in the Python la
 bounds concurrent provider operations the way the dynamic-provider host does (pulumi/dynamic/__main__.py
 `futures.ThreadPoolExecutor(max_workers=4)`); None means unbounded.
 
-Each worker is alone in its pool: WorkerReplacement tells its new worker apart by the IDs it saw before its request,
-which two concurrent replacements in one pool and zone can confuse (see the report for issue 10).
+Each worker is alone in its pool unless `shared_pool`: then all are in one pool and zone, and the replacements of a
+batch tell their new workers apart by claiming them (iks_providers.NewWorkerClaims).
 """
 import copy
 import threading
@@ -138,7 +138,8 @@ class FleetRun:
 
 def fleet_up(n: int, max_unavailable: str, replace_seconds: float, tmp_dir, host_workers: Optional[int] = None,
              poll_interval: float = 0.02, fail: frozenset = frozenset(), cordoned: tuple = (),
-             capacity_timeout: float = 60, setup: Optional[Callable[[KubeEmulator], None]] = None) -> FleetRun:
+             capacity_timeout: float = 60, setup: Optional[Callable[[KubeEmulator], None]] = None,
+             shared_pool: bool = False) -> FleetRun:
     """`pulumi up` of n device-plugin nodes (already at the target master version) under budget max_unavailable;
     `setup(kube)` may arrange the cluster further (e.g. changes triggered while gates poll)."""
     timeline = Timeline(fleet=n)
@@ -148,7 +149,7 @@ def fleet_up(n: int, max_unavailable: str, replace_seconds: float, tmp_dir, host
     try:
         nodes = []
         for i in range(n):
-            worker = iks.add_worker(pool_name=f"gpu-{i}", version="1.36.1_1530")
+            worker = iks.add_worker(pool_name="gpu" if shared_pool else f"gpu-{i}", version="1.36.1_1530")
             name = worker["networkInterfaces"][0]["ipAddress"]
             kube.add_node(name, labels=GPU_LABELS)
             nodes.append({"name": name, "workerId": worker["id"], "stage": "device-plugin"})

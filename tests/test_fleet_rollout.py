@@ -81,3 +81,20 @@ def test_a_gate_waits_for_capacity_to_come_back(tmp_path):
     gate_opened = next(c.at for c in run.timeline.changes if c.event == "gate opened")
     assert not [c for c in run.timeline.changes if c.event == "replace requested" and c.at < gate_opened]
     assert run.timeline.max_unavailable() <= 2
+
+
+def test_batch_mates_in_one_pool_and_zone_each_follow_their_own_new_worker(tmp_path):
+    # IKS links no new worker to the one it replaces: both replacements of a batch see both new workers appear.
+    run = fleet_up(4, "2", replace_seconds=0.2, tmp_dir=tmp_path, shared_pool=True)
+    assert run.error is None, run.error
+    batches = batches_of(run)
+    assert [len(b) for b in batches] == [2, 2]
+    first = batches[0]
+    # The batch-mates really ran together: both requests before either new worker joined.
+    joined = events(run, "joined", {run.mocks.outputs[f"{n}-replacement"]["node_name"] for n in first})
+    assert max(events(run, "replace requested", first)) < min(joined)
+    new_ids = [run.mocks.outputs[f"{n}-replacement"]["new_worker_id"] for b in batches for n in b]
+    assert len(set(new_ids)) == 4  # no new worker followed twice
+    old_ids = {run.mocks.outputs[f"{n}-replacement"]["old_worker_id"] for b in batches for n in b}
+    assert not old_ids & set(new_ids) and run.iks.count("POST", "/v2/vpc/replaceWorker") == 4
+    assert run.timeline.max_unavailable() == 2
