@@ -56,6 +56,9 @@ class GpuNode(pulumi.ComponentResource):
         self.switch = self.pending = self.labels = self.placement = None
         self.smoke_pod = self.verification = None
         self.before_hook = self.after_hook = None
+        # What the next batch waits for (rollout.when_done): the pending GPU pods check. Not the smoke verification of
+        # a dra node: the preflight before it reads every node's name, also those of later batches (a wait cycle).
+        self.done_by: Optional[pulumi.Resource] = None
         if node.stage == "ibm-managed":
             # The fence refuses a node already replaced (no IBM drivers) or missing, then sets both runbook labels
             # once; the NodePatch keeps only deploy.operands=false (see node_labels).
@@ -187,6 +190,7 @@ class GpuNode(pulumi.ComponentResource):
             gate=cfg.pending_gpu_pods_gate,
             opts=pulumi.ResourceOptions(parent=self, depends_on=checked),
         )
+        self.done_by = self.pending
 
     def declare_smoke_test(self, cfg: MigrationConfig, ctx: "Context", deps: list[pulumi.Resource]) -> None:
         self.smoke_pod = smoke_test.smoke_pod(

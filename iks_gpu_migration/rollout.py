@@ -41,8 +41,8 @@ def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int) -> pulu
 
     async def wait() -> list[str]:
         for gpu_node in nodes:
-            try:  # the node's last check before the next one may go (its readiness, operands, pending GPU pods)
-                await gpu_node.pending.pending.future()
+            try:  # the node's last check before the next batch may go (GpuNode.done_by)
+                await gpu_node.done_by.urn.future()
             except BatchStopped:
                 raise  # an earlier batch failed: say so once, not nested per batch
             except Exception as e:  # noqa: BLE001 - any failure of the node stops later batches
