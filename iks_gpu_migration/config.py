@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic.alias_generators import to_camel
 
 from . import names
+from .plan import PlanError, parse_max_unavailable, resolve_max_unavailable
 from .versions import version_at_least
 
 NAMESPACE = "gpu-migration"
@@ -222,6 +223,7 @@ class Timeouts(Model):
     # driver's slices ~30 s after its plugin unregisters: kubernetes pkg/kubelet/cm/dra).
     path_switch: float = Field(default=300, gt=0)
     evict: float = Field(default=1800, gt=0)  # cordon + evict a node's pods before its worker is replaced
+    capacity_gate: float = Field(default=3600, gt=0)  # a batch waits this long for capacity (plan.gate_decision)
     poll_interval: float = Field(default=15, gt=0)
 
     @field_validator("*")
@@ -271,6 +273,29 @@ class MigrationConfig(Model):
     timeouts: Timeouts = Timeouts()
     kubeconfig: Optional[str] = None  # path; default is KUBECONFIG / ~/.kube/config
     hooks: Hooks = Hooks()
+    # Capacity budget (iks_gpu_migration.plan): GPU nodes unavailable at once, a count or "NN%" of `nodes`.
+    max_unavailable: Union[int, str] = 1
+    batch_soak_seconds: float = Field(default=0, ge=0)  # wait between batches
+    # Counts GPU nodes the config does not name (replaced nodes, temporary pool workers) towards capacity.
+    gpu_node_selector: str = "nvidia.com/gpu.present=true"
+
+    @field_validator("max_unavailable", mode="before")
+    @classmethod
+    def _max_unavailable(cls, v: Any) -> Union[int, str]:
+        return parse_max_unavailable(v)
+
+    @field_validator("gpu_node_selector")
+    @classmethod
+    def _selector(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("is empty: the capacity gates count the GPU nodes it matches (e.g. "
+                             "nvidia.com/gpu.present=true)")
+        for term in filter(str.strip, v.split(",")):
+            key, sep, value = term.strip().partition("=")
+            if not sep or not _LABEL_VALUE.match(value):
+                raise ValueError(f"gpuNodeSelector term {term!r} must be key=value")
+            check_qualified_name(key)
+        return v
 
     @field_validator("kube_version")
     @classmethod
@@ -357,6 +382,11 @@ class MigrationConfig(Model):
         key, _, value = self.pilot_label.partition("=")
         return key, value
 
+    @property
+    def surge(self) -> int:
+        """Temporary GPU pool workers: surge capacity that lets batches hold more nodes (plan.Budget)."""
+        return self.temp_gpu_pool.size_per_zone if self.temp_gpu_pool.enabled else 0
+
     def nodes_in(self, *stages: str) -> list[Node]:
         return [n for n in self.nodes if n.stage in stages]
 
@@ -437,6 +467,15 @@ def _temp_pool_complete(cfg: MigrationConfig) -> Iterable[Problem]:
         for key in ("flavor", "zone", "vpc_id", "subnet_id"):
             if not getattr(pool, key):
                 yield Problem(("tempGpuPool", to_camel(key)), "is required when tempGpuPool.enabled is true")
+
+
+@cross_check("max_unavailable", "nodes", "temp_gpu_pool")
+def _budget(cfg: MigrationConfig) -> Iterable[Problem]:
+    """maxUnavailable must let the plan progress (plan.resolve_max_unavailable): 0 needs surge capacity."""
+    try:
+        resolve_max_unavailable(cfg.max_unavailable, len(cfg.nodes), cfg.surge)
+    except PlanError as e:
+        yield Problem(("maxUnavailable",), str(e))
 
 
 @cross_check("timeouts")

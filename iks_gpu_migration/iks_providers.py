@@ -4,6 +4,8 @@ Providers are pickled by dill into the state, so they hold no clients: each oper
 The API key comes from the `api` input (a Pulumi secret), else the stack config gpu-migration:ibmApiKey (seen by the
 provider's `configure`, which is what `delete` relies on: outputs never hold the key), else IC_API_KEY.
 """
+import itertools
+import threading
 import time
 from typing import Any, Optional
 
@@ -216,17 +218,65 @@ class MasterVersion(dyn.Resource, module="gpu-migration", name="MasterVersion"):
 
 # 2. Worker replacement -----------------------------------------------------------------------------------------
 
+class NewWorkerClaims:
+    """Which new worker each running replacement follows, across the replacements of this provider process.
+
+    IKS links a new worker to nothing: replaceWorker deletes the old worker and the pool's rebalancing creates a new
+    one with a new ID (/work/shared/reference/iks-api.md, "Replace on VPC"). Replacements of one batch in the same pool
+    and zone therefore all see every new worker of that zone appear after their request. Those workers are
+    interchangeable (same pool, flavor, zone), so each replacement claims one that no other replacement claimed, the
+    earliest seen (then an earlier request never takes a worker that a later request alone could have). A claim holds
+    for the life of the process. Every dynamic resource of a stack is served by one provider host process
+    (pulumi/pulumi sdk/python/lib/pulumi/dynamic/__main__.py: one grpc server, a thread per operation), so this
+    registry sees every replacement of a `pulumi up`.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._order = itertools.count()
+        self._seen: dict[tuple[str, str], int] = {}  # (cluster, worker ID) -> order first seen
+        self._owner: dict[tuple[str, str], str] = {}  # (cluster, worker ID) -> claimant (cluster/old worker ID)
+
+    def observe(self, cluster: str, workers: list[dict]) -> None:
+        with self._lock:
+            for w in workers:
+                if (cluster, w["id"]) not in self._seen:
+                    self._seen[(cluster, w["id"])] = next(self._order)
+
+    def taken(self, cluster: str, claimant: str) -> frozenset[str]:
+        """Worker IDs of `cluster` claimed by other replacements."""
+        with self._lock:
+            return frozenset(w for (c, w), who in self._owner.items() if c == cluster and who != claimant)
+
+    def claim(self, cluster: str, claimant: str, candidates: list[dict]) -> Optional[dict]:
+        """The candidate `claimant` already holds, else the earliest-seen unclaimed one (now claimed), else None."""
+        with self._lock:
+            for w in candidates:
+                if self._owner.get((cluster, w["id"])) == claimant:
+                    return w
+            free = [w for w in candidates if (cluster, w["id"]) not in self._owner]
+            if not free:
+                return None
+            pick = min(free, key=lambda w: self._seen.get((cluster, w["id"]), float("inf")))
+            self._owner[(cluster, pick["id"])] = claimant
+            return pick
+
+
+CLAIMS = NewWorkerClaims()
+
+
 def find_replacement(
     old: dict, workers: list[dict], pool: Optional[dict], target: str, known: Optional[set[str]],
     others: frozenset[str] = frozenset(),
-) -> Optional[dict]:
-    """The worker that replaces `old` (same pool and zone), or None if it is not visible yet.
+) -> list[dict]:
+    """The workers that may replace `old` (same pool and zone); empty if none is visible yet.
 
-    `known`: worker IDs seen just before we requested the replacement (then the new one is simply the new ID, even
-    a failed one: the caller stops on it). Without it (resuming a replacement requested by an earlier run) the
+    `known`: worker IDs seen just before we requested the replacement: every newer worker of the zone is a candidate,
+    even a failed one (the caller stops on it), and the caller claims one (NewWorkerClaims: batch-mates in the same
+    pool and zone share these candidates). Without it (resuming a replacement requested by an earlier run) the
     replacement is the one sibling still provisioning, else the one sibling at the target's major.minor once the
-    zone is back to its size; `others` (workers of other nodes) and failed siblings are never candidates.
-    Anything else is ambiguous and raises instead of guessing.
+    zone is back to its size; `others` (workers of other nodes, or claimed by other replacements) and failed siblings
+    are never candidates. More than one candidate then is ambiguous and raises instead of guessing.
     """
     siblings = [
         w for w in workers
@@ -237,22 +287,21 @@ def find_replacement(
         (z.get("workerCount") for z in (pool or {}).get("zones", []) if z.get("id") == old.get("location")), None
     )
     if known is None and zone_size is not None and len(siblings) < zone_size:
-        return None  # the replacement has not been created yet
+        return []  # the replacement has not been created yet
     siblings = [w for w in siblings if w["id"] not in others]
     if known is not None:
-        candidates = [w for w in siblings if w["id"] not in known]
-    else:
-        siblings = [w for w in siblings if not is_failed(w)]
-        in_flight = [w for w in siblings if not is_deployed(w)]
-        candidates = in_flight or [w for w in siblings if same_minor(worker_version(w), target)
-                                   or version_at_least(worker_version(w), target)]
+        return [w for w in siblings if w["id"] not in known]
+    siblings = [w for w in siblings if not is_failed(w)]
+    in_flight = [w for w in siblings if not is_deployed(w)]
+    candidates = in_flight or [w for w in siblings if same_minor(worker_version(w), target)
+                               or version_at_least(worker_version(w), target)]
     if len(candidates) > 1:
         raise ReplacementError(
             f"worker {old['id']} was replaced but its replacement is ambiguous "
             f"({', '.join(w['id'] for w in candidates)}); set workerId of this node in gpu-migration:nodes to the "
             f"new worker's ID and re-run `pulumi up` (it will not be replaced again)"
         )
-    return candidates[0] if candidates else None
+    return candidates
 
 
 def failed_worker_error(worker: dict, cluster: str, old_id: str) -> ReplacementError:
@@ -325,6 +374,7 @@ class WorkerReplacementProvider(_IksProvider):
         grace = optional_float(props.get("rebalance_timeout"), 900)
         client = self.client(props)
         others = frozenset(props.get("other_worker_ids") or []) - {start}
+        claimant = f"{cluster}/{start}"
         streak = Streak(self.readings(props))
         st: dict[str, Any] = {"current": start, "known": None, "requested": set(), "followed": [],
                               "created": set(), "orphaned_at": None, "prepared": set()}
@@ -336,6 +386,7 @@ class WorkerReplacementProvider(_IksProvider):
 
         def poll() -> tuple[bool, Optional[dict], str]:
             workers = client.list_workers(cluster, show_deleted=True)
+            CLAIMS.observe(cluster, workers)
             by_id = {w["id"]: w for w in workers}
             cur = by_id.get(st["current"])
             if cur is None:
@@ -347,7 +398,9 @@ class WorkerReplacementProvider(_IksProvider):
                 raise failed_worker_error(cur, cluster, st["followed"][-1] if st["followed"] else start)
             if is_deleting(cur):
                 pool = None if st["known"] is not None else client.get_worker_pool(cluster, cur.get("poolID"))
-                new = find_replacement(cur, workers, pool, target, st["known"], others)
+                candidates = find_replacement(cur, workers, pool, target, st["known"],
+                                              others | CLAIMS.taken(cluster, claimant))
+                new = CLAIMS.claim(cluster, claimant, candidates)
                 if new is None:
                     return False, None, self._orphan(cur, cluster, st, grace)
                 _log(f"worker {cur['id']} of cluster {cluster} is replaced by {new['id']}")

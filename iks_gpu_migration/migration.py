@@ -1,10 +1,11 @@
 """Declares the whole migration for one stack from its validated config.
 
-Order of operations (enforced with depends_on):
+Order of operations (enforced with depends_on, and between batches by rollout.py):
   GPU node inventory (every GPU node of the cluster listed) -> master version -> [temporary GPU pool] ->
-  for each node past `ibm-managed`, one at a time:
-  fence -> [beforeReplace hook] -> worker replacement -> path switch (node_switch) -> operator readiness ->
-  pending GPU pods -> next node.
+  the plan's batches (plan.py: at most maxUnavailable + surge nodes at once), each after its CapacityGate, which is
+  registered only once every node of the previous batch is done; per node of a batch:
+  fence -> [beforeReplace hook] -> worker replacement (cordon + evict, then replaceWorker) -> path switch
+  (node_switch) -> operator readiness -> operand placement -> pending GPU pods.
   Inventory + `ibm-managed` fences and labels + fences of nodes awaiting replacement -> GPU Operator (never next to
   IBM's drivers) -> operand placement check.
   Master -> DRA driver + DeviceClass; `dra` switches + readiness -> preflight -> smoke Pods -> smoke verification
@@ -19,10 +20,13 @@ from typing import Any, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from . import charts, dra, hooks, iks_providers, kube_providers, node_labels, node_switch, smoke_test
+from . import charts, dra, hooks, iks_providers, kube_providers, node_labels, node_switch, rollout, smoke_test
 from .config import MIN_MINOR, MigrationConfig, Node
+from .plan import Plan, plan_for
 
 OPERATOR_MIN_VERSION = f"1.{MIN_MINOR['device-plugin']}"  # workers below it still run IBM-managed drivers
+# pulumi/dynamic/__main__.py: grpc.server(futures.ThreadPoolExecutor(max_workers=4)) serves every dynamic resource.
+DYNAMIC_PROVIDER_WORKERS = 4
 
 
 @dataclass
@@ -36,6 +40,8 @@ class Declared:
     preflight: Any = None
     inventory: Any = None
     operand_placement: Any = None
+    plan: Optional[Plan] = None
+    gates: list[Any] = field(default_factory=list)
     nodes: dict[str, "GpuNode"] = field(default_factory=dict)
 
 
@@ -50,6 +56,9 @@ class GpuNode(pulumi.ComponentResource):
         self.switch = self.pending = self.labels = self.placement = None
         self.smoke_pod = self.verification = None
         self.before_hook = self.after_hook = None
+        # What the next batch waits for (rollout.when_done): the pending GPU pods check. Not the smoke verification of
+        # a dra node: the preflight before it reads every node's name, also those of later batches (a wait cycle).
+        self.done_by: Optional[pulumi.Resource] = None
         if node.stage == "ibm-managed":
             # The fence refuses a node already replaced (no IBM drivers) or missing, then sets both runbook labels
             # once; the NodePatch keeps only deploy.operands=false (see node_labels).
@@ -87,7 +96,6 @@ class GpuNode(pulumi.ComponentResource):
         self,
         after: list[pulumi.Resource],
         readiness_deps: list[pulumi.Resource],
-        other_worker_ids: list[pulumi.Input[str]],
         fenced: Optional[pulumi.Input[list[str]]] = None,
         evict: Optional[dict[str, Any]] = None,
     ) -> None:
@@ -107,7 +115,6 @@ class GpuNode(pulumi.ComponentResource):
             api=ctx.ibm_api,
             timeout=t.worker_replace,
             poll_interval=t.poll_interval,
-            other_worker_ids=other_worker_ids,  # lets a resumed replacement tell its new worker from siblings
             # The only GPU node is replaced only with a temporary GPU pool to take its workloads.
             single_gpu_node=len(cfg.nodes) == 1 and not cfg.temp_gpu_pool.enabled,
             # Before each replaceWorker (also on a kubeVersion bump) the node is cordoned and its pods evicted.
@@ -148,7 +155,7 @@ class GpuNode(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[self.switch]),
             )
 
-        # Operand pods up and GPUs allocatable on the replaced node; the next node waits for this.
+        # Operand pods up and GPUs allocatable on the replaced node; the next batch waits for this.
         self.readiness = kube_providers.OperatorReadiness(
             f"{node.ident}-operator-ready",
             kubeconfig=cfg.kubeconfig,
@@ -183,6 +190,7 @@ class GpuNode(pulumi.ComponentResource):
             gate=cfg.pending_gpu_pods_gate,
             opts=pulumi.ResourceOptions(parent=self, depends_on=checked),
         )
+        self.done_by = self.pending
 
     def declare_smoke_test(self, cfg: MigrationConfig, ctx: "Context", deps: list[pulumi.Resource]) -> None:
         self.smoke_pod = smoke_test.smoke_pod(
@@ -348,16 +356,28 @@ def declare(cfg: MigrationConfig) -> Declared:
             )
         readiness_deps.append(out.dra_driver)
 
-    # Nodes past ibm-managed are replaced one at a time, in config order: each waits for the previous one's readiness.
-    migrated = [n for n in gpu_nodes if n.node.stage != "ibm-managed"]
+    # Nodes past ibm-managed migrate in the plan's batches, each batch after its capacity gate and the previous batch.
+    out.plan = plan_for(cfg)
+    if pulumi.runtime.is_dry_run():
+        pulumi.log.info(out.plan.render())
+    if out.plan.budget.batch_size > DYNAMIC_PROVIDER_WORKERS:
+        pulumi.log.warn(
+            f"batches of {out.plan.budget.batch_size} nodes: the Python dynamic-provider host runs at most "
+            f"{DYNAMIC_PROVIDER_WORKERS} provider operations at once, so at most that many nodes of a batch progress "
+            f"together (see README, Fleet scale)"
+        )
     evict = eviction_settings(cfg, out.temp_pool)
     if out.temp_pool is not None:
         after = [*after, out.gpu_operator]  # the temporary pool offers GPUs only once the operator runs there
-    for i, gpu_node in enumerate(migrated):
-        previous = [migrated[i - 1].pending] if i else []
-        siblings = [n.worker_id for n in cfg.nodes if n != gpu_node.node]
-        siblings += [m.replacement.new_worker_id for m in migrated[:i]]
-        gpu_node.migrate(after + previous, readiness_deps, siblings, fenced_names, evict)
+    # Every node's placement check reads the fenced names; their fences precede it through the operator already, so
+    # the value goes without its n dependencies (constant edges per node: rollout.py).
+    fenced_value = rollout.detached(fenced_names)
+    by_name = {n.node.name: n for n in gpu_nodes}
+    out.gates = rollout.declare_batches(
+        out.plan, by_name, cfg, after,
+        lambda gpu_node, deps: gpu_node.migrate(deps, readiness_deps, fenced_value, evict),
+    )
+    migrated = [n for n in gpu_nodes if n.node.stage != "ibm-managed"]
     for gpu_node in gpu_nodes:
         gpu_node.register_outputs({"stage": gpu_node.node.stage})
     out.nodes = {n.node.ident: n for n in gpu_nodes}

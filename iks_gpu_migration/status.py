@@ -6,7 +6,8 @@ Reads `gpu-migration:*` from Pulumi.<stack>.yaml and the stack outputs (`pulumi 
 to find each node under its real name after replacement (output node:<key or name>.nodeName, so the config never has
 to be renamed), then shows per node: worker ID and kubelet version, the
 configured stage and how far the node is through it, whether it is cordoned, and the last verification recorded on it
-by SmokeTestVerification or RollbackVerification (annotation migration.example.com/gpu-verification).
+by SmokeTestVerification or RollbackVerification (annotation migration.example.com/gpu-verification); then the
+migration plan (batches, budget: iks_gpu_migration.plan).
 Every failure is one line on stderr naming what to fix; exit code 1.
 """
 import argparse
@@ -21,9 +22,10 @@ from typing import Any, Optional
 
 import yaml
 
-from .config import MigrationConfig, NAMESPACE
+from .config import NAMESPACE, MigrationConfig, Node, TempGpuPool
 from .kube_providers import VERIFICATION_ANNOTATION
 from .node_labels import DEVICE_PLUGIN_OFF, IBM_MANAGED_LABELS, OPERANDS_OFF
+from .plan import make_plan, parse_max_unavailable
 from .versions import version_at_least
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
@@ -282,6 +284,19 @@ def table(data: list[dict[str, str]]) -> str:
     return "\n".join("  ".join(v.ljust(widths[c]) for c, v in zip(COLUMNS, line)).rstrip() for line in lines)
 
 
+def plan_text(config: dict) -> str:
+    """The plan `pulumi up` follows for these nodes and budget keys (iks_gpu_migration.plan), or why there is none."""
+    try:
+        nodes = [Node.model_validate(n) for n in config.get("nodes") or []]
+        pool = TempGpuPool.model_validate(config.get("tempGpuPool") or {})
+        surge = pool.size_per_zone if pool.enabled else 0
+        plan = make_plan(nodes, parse_max_unavailable(config.get("maxUnavailable", 1)), surge,
+                         float(config.get("batchSoakSeconds") or 0), pool.name)
+    except ValueError as e:  # pydantic's ValidationError and PlanError are ValueErrors
+        return f"no migration plan: {e}"
+    return plan.render()
+
+
 # --- doing ------------------------------------------------------------------------------------------------------
 
 
@@ -303,12 +318,13 @@ def collect(stack: str, kubeconfig: Optional[str] = None, project_dir: Path = PR
             output = output if isinstance(output, dict) else {}
             name = output.get("nodeName") or entry.get("name")
             nodes.append(node_status(entry, output, node_facts(read_node(core, str(name), server)), config))
-    return {"stack": stack, "kubeconfig": path, "notes": notes, "nodes": nodes}
+    return {"stack": stack, "kubeconfig": path, "notes": notes, "nodes": nodes, "plan": plan_text(config)}
 
 
 def status_text(stack: str, kubeconfig: Optional[str] = None, project_dir: Path = PROJECT_DIR,
                 outputs_file: Optional[Path] = None) -> str:
-    return table([table_row(n) for n in collect(stack, kubeconfig, project_dir, outputs_file)["nodes"]])
+    data = collect(stack, kubeconfig, project_dir, outputs_file)
+    return f"{table([table_row(n) for n in data['nodes']])}\n\n{data['plan']}"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -331,6 +347,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for note in data["notes"]:
         print(f"note: {note}", file=sys.stderr)
     print(table([table_row(n) for n in data["nodes"]]))
+    print(f"\n{data['plan']}")
     return 0
 
 

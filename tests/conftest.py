@@ -7,6 +7,15 @@ import pytest
 # Tests import the program's modules the way the Pulumi language host does: from the project root.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+
+@pytest.fixture(autouse=True)
+def fresh_worker_claims(monkeypatch):
+    """Claims on new workers last as long as the provider process (iks_providers.NewWorkerClaims); the emulators
+    reuse worker IDs from test to test, so each test starts with none."""
+    from iks_gpu_migration import iks_providers
+    monkeypatch.setattr(iks_providers, "CLAIMS", iks_providers.NewWorkerClaims())
+
+
 def pytest_configure(config):
     config.real_engine_nodeids = set()  # tests that ran `pulumi` through the real CLI (tests/real/conftest.py)
 

@@ -111,9 +111,10 @@ class Run:
 
 
 def run_declarations(declare: Callable[[], Any], config_values: Optional[dict[str, str]] = None,
-                     secret_keys: Optional[list[str]] = None, preview: bool = False) -> tuple[RecordingMocks, Any]:
-    """Call `declare` under fresh mocks and config; return the mocks (what was registered) and its result."""
-    mocks = RecordingMocks()
+                     secret_keys: Optional[list[str]] = None, preview: bool = False,
+                     mocks: Optional[RecordingMocks] = None) -> tuple[RecordingMocks, Any]:
+    """Call `declare` under fresh mocks (or `mocks`) and config; return the mocks (what was registered) and its result."""
+    mocks = mocks or RecordingMocks()
     pulumi.runtime.set_mocks(mocks, project="gpu-migration", stack="test", preview=preview,
                              monitor=RecordingMonitor(mocks))
     pulumi.runtime.set_all_config(config_values or {}, secret_keys or [])
@@ -131,7 +132,8 @@ def registered_by(declare: Callable[[], Any]) -> list[Registered]:
     return run_declarations(declare)[0].registered
 
 
-def run_program(raw: dict[str, Any], secrets: Optional[dict[str, str]] = None, preview: bool = False) -> Run:
+def run_program(raw: dict[str, Any], secrets: Optional[dict[str, str]] = None, preview: bool = False,
+                mocks: Optional[RecordingMocks] = None) -> Run:
     """Declare the whole stack from `raw` config (camelCase keys) under mocks; config errors propagate."""
     from iks_gpu_migration import migration  # imports the dynamic providers
 
@@ -147,6 +149,7 @@ def run_program(raw: dict[str, Any], secrets: Optional[dict[str, str]] = None, p
         {f"{config.NAMESPACE}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in values.items()},
         [f"{config.NAMESPACE}:{k}" for k in (secrets or {})],
         preview,
+        mocks,
     )
     return Run(mocks.registered, declared, mocks.dependencies, mocks.property_dependencies)
 

@@ -37,8 +37,11 @@ def test_hooks_run_before_replacement_and_after_verification():
         # After: once the node is verified.
         assert run.depends(after, f"{node}-operator-ready")
     assert run.depends(f"{DRA_NODE}-after-verification-hook", f"{DRA_NODE}-smoke-verification")
-    # Nodes go one at a time: the second node's hook waits for the first node's readiness.
-    assert run.depends(f"{DP_NODE}-before-replace-hook", f"{DRA_NODE}-operator-ready")
+    # Nodes go one at a time (maxUnavailable 1): the second node's hook waits for its batch's gate, which is
+    # registered only once the first node is done (rollout.py).
+    assert run.depends(f"{DP_NODE}-before-replace-hook", "batch-2-gate")
+    order = [r.name for r in run.registered]
+    assert order.index(f"{DRA_NODE}-pending-gpu-pods") < order.index("batch-2-gate")
     assert not {f"{IBM_NODE}-before-replace-hook", f"{IBM_NODE}-after-verification-hook"} & run.names()
 
 

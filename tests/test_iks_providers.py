@@ -5,6 +5,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 
 import dill
 import grpc
@@ -267,6 +268,47 @@ def test_resume_after_the_replacement_finished_skips_other_nodes_workers(emu):
     outs = replace(emu, old, other_worker_ids=[sibling])
     assert (outs["old_worker_id"], outs["new_worker_id"]) == (old, new["id"])
     assert emu.count("POST", "/v2/vpc/replaceWorker") == 1
+
+
+def test_concurrent_replacements_in_one_pool_and_zone_each_claim_their_own_new_worker(emu):
+    """Two nodes of one batch, same pool and zone: each replacement sees both new workers appear after its request
+    (IKS links a new worker to nothing). Each claims one; none is followed twice, nothing is ambiguous."""
+    olds = [emu.add_worker()["id"], emu.add_worker()["id"]]
+    emu.replace_lag = 40  # both requests are in before either new worker shows (requests tick the emulator)
+    results: dict[str, object] = {}
+
+    def run(old: str) -> None:
+        try:
+            results[old] = replace(emu, old, timeout=20)
+        except Exception as e:  # noqa: BLE001 - asserted below
+            results[old] = e
+
+    threads = [threading.Thread(target=run, args=(old,)) for old in olds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(isinstance(r, dict) for r in results.values()), results
+    new_ids = [results[old]["new_worker_id"] for old in olds]
+    assert len(set(new_ids)) == 2 and not set(new_ids) & set(olds)
+    assert {w["id"] for w in live_workers(emu)} == set(new_ids)
+    assert emu.count("POST", "/v2/vpc/replaceWorker") == 2
+
+
+def test_a_claimed_new_worker_is_never_another_replacements_candidate(emu):
+    old = emu.add_worker()["id"]
+    mate = emu.add_worker()["id"]
+    emu.stick_new_workers = True
+    with pytest.raises(WaitTimeout):
+        replace(emu, mate, timeout=0.2)  # the mate's replacement follows (claims) its new worker, still provisioning
+    (claimed,) = [w["id"] for w in live_workers(emu) if w["id"] != old]
+    emu.stick_new_workers = False
+    # `old` was replaced by an earlier run; its new worker is provisioning too: two workers in flight in the zone.
+    emu._delete_worker(emu.workers[old], "worker_replace")
+    own = emu.add_worker(state="provisioning", grow=False, version="1.36.1_1530")["id"]
+    outs = replace(emu, old)  # resumes: the mate's claimed worker is no candidate, so this is not ambiguous
+    assert (outs["old_worker_id"], outs["new_worker_id"]) == (old, own)
+    assert claimed in emu.stuck and emu.count("POST", "/v2/vpc/replaceWorker") == 1
 
 
 def test_resume_waits_while_the_replacement_is_not_created_yet(emu):

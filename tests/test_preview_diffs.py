@@ -31,17 +31,17 @@ CASES = {
     # deploy.operands=false labels go (the replacement is a new Node object without them).
     "stage ibm-managed -> device-plugin": (stage(IBM, "device-plugin"), {
         "+": names(IBM, "replacement", "switch", "rollback", "operator-ready", "operand-placement",
-                   "pending-gpu-pods"),
+                   "pending-gpu-pods") | {"batch-3-gate"},
         "-": names(IBM, "labels"), "~": {IBM}, "+-": names(IBM, "fence") | {"dra-preflight"}}),
     "stage device-plugin -> dra": (stage(DP, "dra"), {
         "+": names(DP, "smoke-verification") | {f"smoke-{DP}"}, "-": names(DP, "rollback"),
-        "~": {DP}, "+-": names(DP, "switch", "operator-ready") | {"dra-preflight"}}),
+        "~": {DP}, "+-": names(DP, "switch", "operator-ready") | {"dra-preflight", "batch-2-gate"}}),
     # Rollback of the last dra node: the DRA driver, DeviceClass, preflight and smoke test go away.
     "stage dra -> device-plugin (rollback)": (stage(DRA, "device-plugin"), {
         "+": names(DRA, "rollback"),
         "-": names(DRA, "smoke-verification") | {f"smoke-{DRA}", "device-class", "dra-driver", "dra-preflight",
                                                  "smoke-namespace"},
-        "~": {DRA}, "+-": names(DRA, "switch", "operator-ready")}),
+        "~": {DRA}, "+-": names(DRA, "switch", "operator-ready") | {"batch-1-gate"}}),
     "gpuOperator version or values": (lambda r: r["gpuOperator"].update(version="v25.10.2"), {
         "~": {"gpu-operator"}, "+": set(), "-": set(), "+-": set()}),
     "draDriver version or values": (lambda r: r["draDriver"]["values"].update(logVerbosity=6), {
@@ -67,7 +67,7 @@ CASES = {
     "tempGpuPool.enabled": (lambda r: r.update(tempGpuPool={"enabled": True, "flavor": "gx3.16x80.l4",
                                                             "zone": "us-south-1", "vpcId": "r006-v",
                                                             "subnetId": "0717-s"}), {
-        "+": {"temp-gpu-pool"}, "~": set(), "-": set(), "+-": set()}),
+        "+": {"temp-gpu-pool"}, "~": set(), "-": {"batch-2-gate"}, "+-": {"batch-1-gate"}}),
     "hooks": (lambda r: r.update(hooks={"beforeReplace": "./move.sh", "afterVerification": "./notify.sh"}), {
         "+": names(DRA, "before-replace-hook", "after-verification-hook")
         | names(DP, "before-replace-hook", "after-verification-hook"), "~": set(), "-": set(), "+-": set()}),

@@ -47,9 +47,8 @@ def test_pilot_declares_each_stage(pilot_run):
     assert {"gpu-operator", "dra-driver", "device-class", "dra-preflight", "smoke-namespace"} <= run.names()
     replacement = run.named(f"{DP_NODE}-replacement").inputs
     assert (replacement["worker_id"], replacement["kube_version"]) == ("kube-pilot0001-gpu-00000102", "1.37")
-    # Siblings' configured IDs and the earlier node's new worker, so a resumed replacement never picks a sibling.
-    assert sorted(replacement["other_worker_ids"]) == sorted(
-        ["kube-pilot0001-gpu-00000101", "kube-pilot0001-gpu-00000103", "kube-pilot0001-gpu-00000101-new"])
+    # Siblings are no longer passed (O(n^2) inputs at fleet scale); a resumed replacement relies on its own state.
+    assert replacement["other_worker_ids"] == []
     assert run.named(f"smoke-{DRA_NODE}").inputs["spec"]["nodeSelector"]["kubernetes.io/hostname"] == DRA_NODE
     preflight = run.named("dra-preflight").inputs
     assert preflight["dra_nodes"] == [DRA_NODE]
@@ -70,13 +69,18 @@ def test_device_plugin_resource_is_what_the_rollback_checks():
 
 def test_pilot_order(pilot_run):
     run = pilot_run
-    # Master first; then one node at a time, in config order, each after the previous one's readiness.
+    # Master first; then one node at a time (maxUnavailable 1), in config order, each batch after its gate. The next
+    # batch's gate is registered only once the previous batch is done (rollout.py), not through a dependency edge.
     assert run.depends(f"{DRA_NODE}-replacement", "master-version")
-    assert run.depends(f"{DP_NODE}-replacement", f"{DRA_NODE}-pending-gpu-pods")
+    assert run.depends(f"{DRA_NODE}-replacement", "batch-1-gate") and run.depends(f"{DP_NODE}-replacement", "batch-2-gate")
+    assert run.named("batch-2-gate").inputs["after"] == [DRA_NODE]
+    order = [r.name for r in run.registered]
+    assert order.index(f"{DRA_NODE}-pending-gpu-pods") < order.index("batch-2-gate")
     assert run.depends(f"{DRA_NODE}-pending-gpu-pods", f"{DRA_NODE}-operand-placement")
     assert run.depends(f"{DRA_NODE}-operand-placement", f"{DRA_NODE}-operator-ready")
     # The inventory precedes everything that changes a node; the operand placement check follows the operator.
-    for name in ("gpu-operator", "master-version", "dra-driver", "device-class", f"{DRA_NODE}-replacement"):
+    for name in ("gpu-operator", "master-version", "dra-driver", "device-class", f"{DRA_NODE}-replacement",
+                 "batch-1-gate"):
         assert run.depends(name, "gpu-node-inventory")
     assert run.depends("operand-placement", "gpu-operator")
     assert run.depends(f"{DRA_NODE}-operator-ready", "operand-placement")

@@ -362,6 +362,6 @@ def test_renaming_the_nodes_or_not_both_converge(env, keep_key):
     after = [e for e in t.events if e.seq > mark]
     assert not [e for e in after if e.kind == "iks POST /v2/vpc/replaceWorker"]
     assert len(t.all("iks POST /v2/vpc/replaceWorker")) == 2
-    if keep_key:  # same resources: only the fences (a read-only check on the named node) run again
+    if keep_key:  # same resources: only the fences and batch gates (read-only checks on named nodes) run again
         changed = {e.detail["name"] for e in after if e.kind in ("create", "replace", "delete")}
-        assert changed <= {f"{DRA}-fence", f"{DP}-fence"}, changed
+        assert changed <= {f"{DRA}-fence", f"{DP}-fence", "batch-1-gate", "batch-2-gate"}, changed

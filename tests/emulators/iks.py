@@ -17,6 +17,8 @@ Fault injection:
   fail_master_update = True           the next master update falls back to deployed at the old version
   busy_master(ticks)                  masterStatus is not Ready for `ticks` ticks (e.g. a CA rotation)
   answer_after_done(n, status, path)  n requests are carried out, then answered with `status` (a lost response)
+  provision_seconds = T               new workers deploy T seconds (wall clock, seen at the next request) after they
+                                      were created instead of after `steps` ticks: the replacement time of benchmarks
 
 Behaviour of the real service modelled here, with its source (see /work/shared/reference/iks-api.md):
 - worker fix packs: new workers get the master's major.minor with the newest *worker* fix pack, which may differ
@@ -85,6 +87,8 @@ class IksEmulator:
         self.fail_master_update = False
         self.busy_on_update = 0  # the next n PUTs meet a master operation that just started (-> 400 Ef9cc)
         self._answer_after: list[list[Any]] = []  # [remaining, status, path-substring]
+        self.provision_seconds: Optional[float] = None
+        self._timed: list[list[Any]] = []  # [monotonic deadline, callback]
         self._replacing: set[str] = set()  # accepted replaces not visible yet (replace_lag)
         self._faults: list[list[Any]] = []  # [remaining, status, path-substring]
         self._expire_on: list[str] = []
@@ -179,6 +183,10 @@ class IksEmulator:
     def tick(self) -> None:
         """Advance every pending transition by one step (every authenticated request does this)."""
         with self.lock:
+            now = time.monotonic()
+            for entry in [e for e in self._timed if e[0] <= now]:
+                self._timed.remove(entry)
+                entry[1]()
             for entry in list(self._pending):
                 entry[0] -= 1
                 if entry[0] <= 0:
@@ -202,7 +210,10 @@ class IksEmulator:
         if state == "provisioning":
             if self.stick_new_workers:
                 self.stuck.add(worker["id"])
-            self._after(self.steps, lambda: self._deploy(worker))
+            if self.provision_seconds is not None:
+                self._timed.append([time.monotonic() + self.provision_seconds, lambda: self._deploy(worker)])
+            else:
+                self._after(self.steps, lambda: self._deploy(worker))
         return worker
 
     def _deploy(self, worker: dict) -> None:

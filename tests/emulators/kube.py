@@ -137,16 +137,16 @@ class KubeEmulator:
 
     # --- scenario builders ---------------------------------------------------------------------------------------
     def add_node(self, name: str, labels: Optional[dict] = None, allocatable: Optional[dict] = None,
-                 kubelet_version: str = "v1.37.0+IKS") -> dict:
+                 kubelet_version: str = "v1.37.0+IKS", ready: bool = True) -> dict:
         node = {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": name, "uid": str(uuid.uuid4()), "labels": {"kubernetes.io/hostname": name,
                                                                                **(labels or {})}},
                 "spec": {}, "status": {"allocatable": {"cpu": "8", **(allocatable or {})},
                                        "nodeInfo": node_info(kubelet_version),
                                        # A registered kubelet reports Ready (kubernetes pkg/kubelet/nodestatus/
-                                       # setters.go ReadyCondition); the path switch waits for it.
-                                       "conditions": [{"type": "Ready", "status": "True",
-                                                       "reason": "KubeletReady"}]}}
+                                       # setters.go ReadyCondition); the path switch and the capacity gates read it.
+                                       "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                                                       "reason": "KubeletReady" if ready else "KubeletNotReady"}]}}
         self.nodes[name] = node
         return node
 

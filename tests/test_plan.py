@@ -1,0 +1,148 @@
+"""The pure plan: budget, batches, gate decisions; and the config keys that feed it."""
+import copy
+
+import pytest
+
+from harness import stack_config
+from iks_gpu_migration import config
+from iks_gpu_migration.config import ConfigError, Node
+from iks_gpu_migration.plan import NodeView, PlanError, gate_decision, make_plan, resolve_max_unavailable
+
+GPU = {"nvidia.com/gpu.present": "true"}
+SELECTOR = "nvidia.com/gpu.present=true"
+
+
+def nodes(*stages: str) -> list[Node]:
+    return [Node(name=f"10.0.0.{i}", worker_id=f"w{i}", stage=s) for i, s in enumerate(stages, 1)]
+
+
+@pytest.mark.parametrize("spec, fleet, surge, expected", [
+    (1, 10, 0, 1), ("3", 10, 0, 3), ("25%", 10, 0, 2),  # percent rounds down (ResolveFenceposts)
+    ("5%", 10, 0, 1),  # rounds to 0: still one at a time
+    ("5%", 10, 2, 0), (0, 10, 1, 0),  # surge alone may carry the batches
+    (50, 10, 0, 10), ("100%", 4, 0, 4),
+])
+def test_max_unavailable_resolves_to_a_count(spec, fleet, surge, expected):
+    assert resolve_max_unavailable(spec, fleet, surge) == expected
+
+
+def test_zero_budget_without_surge_is_refused():
+    with pytest.raises(PlanError, match="maxUnavailable is 0 but there is no surge"):
+        resolve_max_unavailable(0, 10)
+
+
+def test_batches_hold_budget_plus_surge_in_config_order():
+    plan = make_plan(nodes("dra", "ibm-managed", "device-plugin", "device-plugin", "dra", "device-plugin"),
+                     max_unavailable=2, surge=1, soak_seconds=300, surge_pool="tmp")
+    assert [b.nodes for b in plan.batches] == [("10.0.0.1", "10.0.0.3", "10.0.0.4"), ("10.0.0.5", "10.0.0.6")]
+    assert plan.untouched == ("10.0.0.2",)
+    assert plan.batches[1].after == plan.batches[0].nodes and plan.batches[0].after == ()
+    assert [b.soak_seconds for b in plan.batches] == [0, 300]  # soak only between batches
+    assert plan.budget.min_available == 6 - 2  # the surge keeps capacity while batches hold 3
+    assert plan.batch_of("10.0.0.5").index == 2 and plan.batch_of("10.0.0.2") is None
+    text = plan.render()
+    assert "5 of 6 GPU nodes in 2 batch(es) of at most 3 (maxUnavailable 2 + surge 1 from temporary GPU pool tmp)" in text
+    assert "300s of soak" in text and ">= 4 available GPU nodes" in text
+    assert "batch 2: 10.0.0.5, 10.0.0.6" in text and "not replaced (ibm-managed): 10.0.0.2" in text
+
+
+def test_default_budget_is_one_node_at_a_time():
+    plan = make_plan(nodes("dra", "device-plugin", "dra"))
+    assert [b.nodes for b in plan.batches] == [("10.0.0.1",), ("10.0.0.2",), ("10.0.0.3",)]
+    assert all(len(b.nodes) <= plan.budget.max_unavailable for b in plan.batches)
+
+
+def test_plan_of_a_large_fleet_never_exceeds_its_budget():
+    plan = make_plan(nodes(*["device-plugin"] * 1000), max_unavailable="3%")
+    assert plan.budget.batch_size == 30 and len(plan.batches) == 34
+    assert sorted(n for b in plan.batches for n in b.nodes) == sorted(n.name for n in nodes(*["device-plugin"] * 1000))
+
+
+# Gate decisions -------------------------------------------------------------------------------------------------
+
+def fleet(n: int, **states) -> list[NodeView]:
+    return [NodeView(f"n{i}", GPU, **states.get(f"n{i}", {})) for i in range(1, n + 1)]
+
+
+def test_gate_opens_when_the_batch_fits():
+    decision = gate_decision(fleet(5), ["n1", "n2"], SELECTOR, min_available=3)
+    assert decision.open and decision.available == ("n3", "n4", "n5")
+
+
+@pytest.mark.parametrize("state, why", [({"unschedulable": True}, "cordoned"), ({"ready": False}, "NotReady")])
+def test_nodes_unavailable_for_other_reasons_count_against_the_budget(state, why):
+    decision = gate_decision(fleet(5, n4=state), ["n1", "n2"], SELECTOR, min_available=3)
+    assert not decision.open
+    assert decision.unavailable == (f"n4 ({why})",)
+    assert "2 GPU nodes available outside the batch, 3 needed; unavailable: n4" in decision.state
+
+
+def test_a_missing_gpu_node_is_not_available():
+    decision = gate_decision([v for v in fleet(5) if v.name != "n5"], ["n1", "n2"], SELECTOR, min_available=3)
+    assert not decision.open
+
+
+def test_batch_nodes_themselves_do_not_count_twice():
+    # A batch node already cordoned (e.g. an interrupted run) is part of the batch, not of the rest.
+    decision = gate_decision(fleet(5, n1={"unschedulable": True}), ["n1", "n2"], SELECTOR, min_available=3)
+    assert decision.open and decision.unavailable == ()
+
+
+def test_surge_and_non_gpu_nodes():
+    views = fleet(4) + [NodeView("tmp-1", GPU), NodeView("cpu-1", {"role": "cpu"})]
+    # Batch of 2 with budget 1 and a surge worker: the pool worker keeps capacity at 4 - 1.
+    assert gate_decision(views, ["n1", "n2"], SELECTOR, min_available=3).open
+    assert not gate_decision(views[:4] + views[5:], ["n1", "n2"], SELECTOR, min_available=3).open  # pool not there
+
+
+# Config -----------------------------------------------------------------------------------------------------------
+
+def pilot(**overrides):
+    raw = copy.deepcopy(stack_config("pilot"))
+    raw.update(overrides)
+    return raw
+
+
+def test_budget_keys_default_to_todays_behaviour():
+    cfg = config.parse(pilot())
+    assert (cfg.max_unavailable, cfg.batch_soak_seconds, cfg.surge) == (1, 0, 0)
+    assert cfg.gpu_node_selector == SELECTOR and cfg.timeouts.capacity_gate == 3600
+
+
+def test_budget_keys_parse_as_pulumi_passes_them():
+    cfg = config.parse(pilot(maxUnavailable="2", batchSoakSeconds="60"))  # scalars arrive as strings
+    assert (cfg.max_unavailable, cfg.batch_soak_seconds) == (2, 60)
+    assert config.parse(pilot(maxUnavailable="25%")).max_unavailable == "25%"
+
+
+@pytest.mark.parametrize("value, message", [
+    ("two", "gpu-migration:maxUnavailable: maxUnavailable 'two' must be a node count"),
+    ("150%", "maxUnavailable '150%' must be a node count"),
+    ("0", "maxUnavailable is 0 but there is no surge capacity"),
+])
+def test_bad_budget_is_named(value, message):
+    with pytest.raises(ConfigError, match=message):
+        config.parse(pilot(maxUnavailable=value))
+
+
+def test_bad_selector_is_named():
+    with pytest.raises(ConfigError, match="gpu-migration:gpuNodeSelector: gpuNodeSelector term 'gpu' must be key=value"):
+        config.parse(pilot(gpuNodeSelector="gpu"))
+
+
+def test_status_explains_the_plan():
+    from iks_gpu_migration import status
+
+    text = status.plan_text({"nodes": [{"name": f"n{i}", "workerId": f"w{i}", "stage": "device-plugin"}
+                                       for i in range(1, 6)], "maxUnavailable": "40%"})
+    assert "5 of 5 GPU nodes in 3 batch(es) of at most 2 (maxUnavailable 2)" in text
+    assert "batch 3: n5" in text
+    assert status.plan_text({"nodes": [], "maxUnavailable": "x"}).startswith("no migration plan: maxUnavailable 'x'")
+
+
+def test_a_selector_matching_too_few_nodes_is_named():
+    views = [NodeView(f"n{i}", {"other": "x"}) for i in range(1, 6)]
+    decision = gate_decision(views, ["n1"], SELECTOR, min_available=4)
+    assert not decision.open
+    assert "only 0 nodes outside the batch match gpuNodeSelector 'nvidia.com/gpu.present=true'" in decision.state
+    assert "only" not in gate_decision(fleet(5, n4={"ready": False}), ["n1"], SELECTOR, min_available=4).state
