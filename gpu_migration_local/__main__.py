@@ -7,6 +7,7 @@ inspection until Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import itertools
 import pathlib
 import signal
 import sys
@@ -34,7 +35,9 @@ def _stack_file(stack: str) -> dict:
 def seed(iks: IksEmulator, config: dict) -> None:
     """The cluster of the stack file as it is before the migration: master and GPU workers at 1.35."""
     for node in config["gpu-migration:nodes"]:
-        iks.add_worker(pool_name="gpu", version="1.35.4_1540", worker_id=node["workerId"], ip=node["name"])
+        worker = iks.add_worker(pool_name="gpu", version="1.35.4_1540", worker_id=node["workerId"])
+        worker["networkInterfaces"][0]["ipAddress"] = node["name"]
+    iks._ids = itertools.count(1000)  # replacements get addresses that are never a configured name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     STATE.mkdir(exist_ok=True)
     cluster = LocalCluster(workdir=STATE / "cluster", keep_workdir=True)
     (STATE / "cluster").mkdir(parents=True, exist_ok=True)
-    iks = IksEmulator(cluster=config["gpu-migration:clusterName"], port=port, tick_seconds=1.0)
+    iks = IksEmulator(cluster=config["gpu-migration:clusterName"], port=port)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
