@@ -20,6 +20,12 @@ def pytest_configure(config):
     config.real_engine_nodeids = set()  # tests that ran `pulumi` through the real CLI (tests/real/conftest.py)
 
 
+def pytest_collection_modifyitems(session, config, items):
+    # The real-engine tests run inline programs in this process and leave Pulumi's runtime settings pointing at an
+    # engine that is gone; the fast tests run first so they never see them.
+    items.sort(key=lambda item: "/tests/real/" in str(item.fspath))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     passed = [r.nodeid for r in terminalreporter.stats.get("passed", []) if r.when == "call"]
     real = config.real_engine_nodeids
