@@ -7,9 +7,7 @@ test can predict them.
 """
 from __future__ import annotations
 
-import logging
 import re
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -18,8 +16,8 @@ from typing import Optional
 from kubernetes import client
 
 from .kubelet_logs import LogStore
+from .polling import PollingLoop
 
-log = logging.getLogger("gpu-doubles")
 
 GPU_PRESENT = "nvidia.com/gpu.present"
 GPUS_ANNOTATION = "gpu-migration.local/gpus"
@@ -78,13 +76,11 @@ class GpuDoubles:
     operator_namespace: str = "gpu-operator"
     wipe_delay: float = 3.0
     interval: float = 0.25
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: Optional[threading.Thread] = None
+    _loop: Optional[PollingLoop] = None
     _plugin_gone_since: dict[str, float] = field(default_factory=dict)
     _prepared: set[str] = field(default_factory=set)
     _finished: set[str] = field(default_factory=set)
     _running_since: dict[str, float] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
     smi_fault: str = ""  # like SMI_FAULT_ANNOTATION, for every node (tests that can't know the new node's name)
 
     def __post_init__(self) -> None:
@@ -93,24 +89,17 @@ class GpuDoubles:
         self.custom = client.CustomObjectsApi(self.api_client)
 
     def start(self) -> "GpuDoubles":
-        self._thread = threading.Thread(target=self._loop, name="gpu-doubles", daemon=True)
-        self._thread.start()
+        self._loop = PollingLoop("gpu-doubles", self.reconcile, self.interval)
+        self._loop.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=10)
+        if self._loop:
+            self._loop.stop()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.reconcile()
-            except Exception as e:  # noqa: BLE001 - a double must keep running; errors are kept for the test
-                if not self.errors or self.errors[-1] != str(e):
-                    log.warning("gpu doubles: %s", e)
-                    self.errors.append(str(e))
-            self._stop.wait(self.interval)
+    @property
+    def errors(self) -> list[str]:
+        return self._loop.errors if self._loop else []
 
     # One pass over the cluster; public so tests can step it deterministically.
     def reconcile(self) -> None:

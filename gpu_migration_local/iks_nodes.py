@@ -8,8 +8,6 @@ device plugin on them (the reason for this migration), so those nodes advertise 
 """
 from __future__ import annotations
 
-import logging
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -17,9 +15,9 @@ from kubernetes import client
 
 from iks_gpu_migration.versions import version_at_least
 
+from .polling import PollingLoop
 from .gpu_doubles import GPU_PRESENT, GPUS_ANNOTATION, IBM_DRIVER_ANNOTATION
 
-log = logging.getLogger("iks-nodes")
 WORKER_ID_LABEL = "ibm-cloud.kubernetes.io/worker-id"
 
 
@@ -70,30 +68,21 @@ class IksNodeSync:
     api_client: client.ApiClient
     interval: float = 0.2
     gpus: int = 1
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: Optional[threading.Thread] = None
-    errors: list[str] = field(default_factory=list)
+    _loop: Optional[PollingLoop] = None
 
     def start(self) -> "IksNodeSync":
         self.core = client.CoreV1Api(self.api_client)
-        self._thread = threading.Thread(target=self._loop, name="iks-nodes", daemon=True)
-        self._thread.start()
+        self._loop = PollingLoop("iks-nodes", self.sync, self.interval)
+        self._loop.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=10)
+        if self._loop:
+            self._loop.stop()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.sync()
-            except Exception as e:  # noqa: BLE001 - keep syncing; errors are kept for the test
-                if not self.errors or self.errors[-1] != str(e):
-                    log.warning("iks node sync: %s", e)
-                    self.errors.append(str(e))
-            self._stop.wait(self.interval)
+    @property
+    def errors(self) -> list[str]:
+        return self._loop.errors if self._loop else []
 
     def sync(self) -> None:
         with self.iks.lock:

@@ -1,0 +1,35 @@
+"""A background loop that runs one pass of a double every `interval` seconds until stopped; a failed pass is logged
+once and kept in `errors` (a double must keep running, and tests can read what went wrong)."""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable, Optional
+
+
+class PollingLoop:
+    def __init__(self, name: str, step: Callable[[], None], interval: float) -> None:
+        self.name, self.step, self.interval = name, step, interval
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._log = logging.getLogger(name)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception as e:  # noqa: BLE001 - keep running; errors are kept for the test
+                if not self.errors or self.errors[-1] != str(e):
+                    self._log.warning("%s: %s", self.name, e)
+                    self.errors.append(str(e))
+            self._stop.wait(self.interval)
