@@ -21,11 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from harness import RecordingMocks, Registered, run_program, stack_config
+from harness import RecordingMocks, Registered, run_program, stack_config, unwrap
 from pulumi.runtime.sync_await import _ensure_event_loop
 
 from iks_gpu_migration import capacity_gate, iks_providers
-from tests.e2e_up import unwrap
 from tests.emulators.iks import IksEmulator
 from tests.emulators.kube import KubeEmulator
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 
 import pulumi
 from pulumi.runtime.mocks import MockMonitor
+from pulumi.runtime.rpc import _special_secret_sig as SECRET_SIG, _special_sig_key as SECRET_SIG_KEY
 
 from iks_gpu_migration import config, status
 
@@ -165,3 +166,14 @@ def kubernetes_validate(manifests: list[dict[str, Any]], tmp_path: pathlib.Path)
         [sys.executable, "-m", "kubernetes_validate", "--strict", "-k", "1.37.0", *files],
         capture_output=True, text=True,
     )
+
+
+def unwrap(value: Any) -> Any:
+    """Inputs as a provider sees them: secrets unwrapped."""
+    if isinstance(value, dict):
+        if value.get(SECRET_SIG_KEY) == SECRET_SIG:
+            return unwrap(value.get("value"))
+        return {k: unwrap(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unwrap(v) for v in value]
+    return value
