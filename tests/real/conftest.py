@@ -17,3 +17,10 @@ def project(tmp_path, request):
     from .project import Project
     request.config.real_engine_nodeids.add(request.node.nodeid)
     return Project(tmp_path)
+
+
+@pytest.fixture
+def env(project):
+    """Each whole-migration scenario gets its own cluster with three IKS GPU workers (tests/real/scenario_env.py)."""
+    from .scenario_env import three_workers
+    yield from three_workers(project)
