@@ -454,6 +454,8 @@ def verify_smoke(
 IKS_FLAVOR_LABEL = "ibm-cloud.kubernetes.io/machine-type"
 IKS_WORKER_ID_LABEL = "ibm-cloud.kubernetes.io/worker-id"
 IKS_POOL_LABEL = "ibm-cloud.kubernetes.io/worker-pool-name"
+IKS_ZONE_LABEL = "ibm-cloud.kubernetes.io/zone"
+ZONE_LABEL = "topology.kubernetes.io/zone"  # well-known label (kubernetes.io/docs/reference/labels-annotations-taints)
 GPU_FLAVOR_PREFIXES = ("gx",)
 # Set by OperatorReadiness on a replaced node: the config entry it belongs to (its name may differ).
 CONFIG_NAME_ANNOTATION = "migration.example.com/gpu-node"
@@ -470,50 +472,89 @@ def is_gpu_node(node: client.V1Node) -> bool:
     )
 
 
+@dataclass
+class Inventory:
+    problems: list[str]
+    warnings: list[str]
+    # config name -> {"pool", "zone"} of its node, from this run and every earlier one (kept in the check's state):
+    # the evidence that lets a later run tell "its worker is being replaced" from "this name is wrong".
+    seen: dict[str, dict[str, str]]
+
+
+def _place(labels: dict[str, str]) -> dict[str, str]:
+    return {"pool": labels.get(IKS_POOL_LABEL, ""), "zone": labels.get(ZONE_LABEL) or labels.get(IKS_ZONE_LABEL, "")}
+
+
 def inventory(
     api: ApiClient, configured: dict[str, str], worker_ids: dict[str, str], operator_min_version: str,
-    temp_pool: Optional[str] = None,
-) -> tuple[list[str], list[str]]:
-    """(problems, warnings) comparing the cluster's GPU nodes with gpu-migration:nodes (`configured`: name -> stage,
-    `worker_ids`: worker ID -> config name).
+    temp_pool: Optional[str] = None, seen: Optional[dict[str, dict[str, str]]] = None,
+) -> Inventory:
+    """Compares the cluster's GPU nodes with gpu-migration:nodes (`configured`: name -> stage, `worker_ids`: worker
+    ID -> config name); `seen`: the pool and zone of each entry's node as earlier runs found them.
 
-    Problems: an unlisted GPU node still on IBM's drivers (kubelet < operator_min_version: it would get the operator
-    next to them), and an `ibm-managed` name that matches no node (its real node would stay unfenced). Warnings: an
-    unlisted GPU node already past IBM's drivers, and a migrated name that matches no node (both happen while a
-    replacement is under way)."""
+    Every GPU node must belong to an entry (by name, IKS worker ID, or the annotation OperatorReadiness sets on a
+    replaced node), and every entry must have a node. Two cases are explained by a replacement this program started
+    and an interruption cut short, and so only warn: an entry past `ibm-managed` whose node an earlier run saw but is
+    gone now (its worker is being replaced), paired one-to-one with an unlisted GPU node at or past
+    operator_min_version in the same worker pool and zone (its new worker, not yet tied to the entry). Everything
+    else is a problem that names the node: an unlisted GPU node on IBM's drivers (it would get the GPU Operator next
+    to them), any other unlisted GPU node, an `ibm-managed` entry with no node (its node would stay unfenced), and an
+    entry with no node that no run ever saw (a wrong name)."""
     from .versions import version_at_least  # noqa: PLC0415
+    seen = dict(seen or {})
     problems, warnings = [], []
-    nodes = client.CoreV1Api(api).list_node().items
-    found: set[str] = set()  # config names with a node (by name, IKS worker ID or this program's annotation)
-    for n in nodes:
+    unlisted: list[client.V1Node] = []
+    now: dict[str, dict[str, str]] = {}
+    for n in client.CoreV1Api(api).list_node().items:
         labels, annotations = n.metadata.labels or {}, n.metadata.annotations or {}
         name = n.metadata.name
         owner = (name if name in configured else worker_ids.get(labels.get(IKS_WORKER_ID_LABEL, ""))
                  or (annotations.get(CONFIG_NAME_ANNOTATION) if annotations.get(CONFIG_NAME_ANNOTATION) in configured
                      else None))
+        if (owner and owner != name and worker_ids.get(labels.get(IKS_WORKER_ID_LABEL, "")) == owner
+                and annotations.get(CONFIG_NAME_ANNOTATION) != owner):
+            # The entry's worker runs under another name and is no replacement this program tied to the entry:
+            # a wrong name, and fences and labels would miss the node.
+            problems.append(f"node {owner} in gpu-migration:nodes has workerId {labels.get(IKS_WORKER_ID_LABEL)}, "
+                            f"whose node is {name}; set its name to {name}")
         if owner:
-            found.add(owner)
-            continue
-        if not is_gpu_node(n) or (temp_pool and labels.get(IKS_POOL_LABEL) == temp_pool):
-            continue
+            now.setdefault(owner, _place(labels))
+        elif is_gpu_node(n) and not (temp_pool and labels.get(IKS_POOL_LABEL) == temp_pool):
+            unlisted.append(n)
+    # Entries whose node is gone after an earlier run saw it: their worker is being replaced.
+    in_replacement = {name: seen[name] for name, stage in configured.items()
+                      if name not in now and stage != "ibm-managed" and name in seen}
+    for n in unlisted:
+        labels, name = n.metadata.labels or {}, n.metadata.name
         kubelet = n.status.node_info.kubelet_version if n.status and n.status.node_info else None
-        what = (f"GPU node {name} (kubelet {kubelet}, flavor {labels.get(IKS_FLAVOR_LABEL, '?')}) is not listed in "
-                f"gpu-migration:nodes")
+        place = _place(labels)
+        what = (f"GPU node {name} (kubelet {kubelet}, flavor {labels.get(IKS_FLAVOR_LABEL, '?')}, worker pool "
+                f"{place['pool'] or '?'}, zone {place['zone'] or '?'}) is not listed in gpu-migration:nodes")
+        add = f"{{name: {name}, workerId: {labels.get(IKS_WORKER_ID_LABEL, '?')}, stage: ...}}"
         if not version_at_least(kubelet, operator_min_version):
             problems.append(f"{what}: it runs IBM-managed drivers and would get the GPU Operator next to them; add "
-                            f"it (stage ibm-managed, workerId {labels.get(IKS_WORKER_ID_LABEL, '?')})")
-        else:
-            # No IBM drivers there, so no fence is needed; most likely the replacement of a listed node whose
-            # replacement was interrupted before OperatorReadiness tied it to its entry. A warning keeps resuming
-            # possible.
-            warnings.append(f"{what}; add it with its stage (or, if it replaced a listed node, run `pulumi up` again: "
-                            "the resumed replacement records it; the entry's name needs no change)")
+                            f"it with stage ibm-managed ({add})")
+            continue
+        replaced = next((entry for entry, p in in_replacement.items() if p == place), None)
+        if replaced is None:
+            problems.append(f"{what}, and it is not the new worker of a listed node whose replacement is under way "
+                            f"(none in that pool and zone); add it with its stage ({add}), or remove it from the "
+                            "cluster")
+            continue
+        del in_replacement[replaced]
+        now[replaced] = place
+        warnings.append(f"{what}; taken for the new worker of {replaced} (same pool and zone, whose node is gone): "
+                        f"the resumed replacement of {replaced} records it")
     for name, stage in configured.items():
-        if name not in found:
-            if stage == "ibm-managed":
-                problems.append(f"node {name} in gpu-migration:nodes (stage ibm-managed) matches no node in the "
-                                "cluster; fix its name (`kubectl get nodes`)")
-            else:
-                warnings.append(f"node {name} in gpu-migration:nodes matches no node in the cluster (stage {stage}; "
-                                "fine while its worker is being replaced, else fix its name)")
-    return problems, warnings
+        if name in now:
+            continue
+        if stage == "ibm-managed":
+            problems.append(f"node {name} in gpu-migration:nodes (stage ibm-managed) matches no node in the "
+                            "cluster; fix its name (`kubectl get nodes`)")
+        elif name in in_replacement:
+            warnings.append(f"node {name} in gpu-migration:nodes (stage {stage}) is gone since an earlier run saw it "
+                            "and no new worker has joined yet: its replacement resumes")
+        else:
+            problems.append(f"node {name} in gpu-migration:nodes (stage {stage}) matches no node in the cluster and "
+                            "no earlier run saw it; fix its name (`kubectl get nodes`)")
+    return Inventory(problems, warnings, {**seen, **now})

@@ -618,28 +618,27 @@ class RollbackVerification(Resource, module="gpu-migration", name="RollbackVerif
 
 
 class _EveryUp(_Provider):
-    """A read-only check that runs again on every `up` (shown as an update): the cluster changes between runs."""
+    """A read-only check that runs again on every `up` (shown as an update): the cluster changes between runs.
+    `run` sees the previous outputs as `props["_previous"]` (none on create)."""
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         return DiffResult(changes=True, replaces=[], delete_before_replace=False)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         with _client(news.get("kubeconfig")) as api:
-            return UpdateResult(outs={**news, **self.run(api, news)})
+            return UpdateResult(outs={**news, **self.run(api, {**news, "_previous": olds})})
 
 
 class _GpuNodeInventoryProvider(_EveryUp):
-    rerun_on = ("configured", "worker_ids", "operator_min_version", "temp_pool")
-
     def run(self, api, p):
-        problems, warnings = kube_checks.inventory(api, p["configured"], p["worker_ids"], p["operator_min_version"],
-                                                   p.get("temp_pool"))
-        for w in warnings:
+        found = kube_checks.inventory(api, p["configured"], p["worker_ids"], p["operator_min_version"],
+                                      p.get("temp_pool"), seen=(p.get("_previous") or {}).get("seen"))
+        for w in found.warnings:
             pulumi.log.warn(w)
-        if problems:
+        if found.problems:
             raise CheckFailed(f"GPU nodes in the cluster don't match gpu-migration:nodes; nothing was installed:"
-                              f"{_bullets(problems)}")
-        return {"checked": sorted(p["configured"])}
+                              f"{_bullets(found.problems)}")
+        return {"checked": sorted(p["configured"]), "seen": found.seen}
 
 
 class GpuNodeInventory(Resource, module="gpu-migration", name="GpuNodeInventory"):
@@ -652,7 +651,7 @@ class GpuNodeInventory(Resource, module="gpu-migration", name="GpuNodeInventory"
                  worker_ids: dict[str, str], operator_min_version: str, temp_pool: Optional[str] = None,
                  opts: Optional[pulumi.ResourceOptions] = None):
         props = dict(kubeconfig=kubeconfig, configured=configured, worker_ids=worker_ids,
-                     operator_min_version=operator_min_version, temp_pool=temp_pool, checked=None)
+                     operator_min_version=operator_min_version, temp_pool=temp_pool, checked=None, seen=None)
         super().__init__(_GpuNodeInventoryProvider(), name, props, opts)
 
 

@@ -48,7 +48,7 @@ class Declared:
 class GpuNode(pulumi.ComponentResource):
     """Everything one GPU node needs for its configured stage; children appear under it in `pulumi preview`."""
 
-    def __init__(self, node: Node, cfg: MigrationConfig, ctx: "Context"):
+    def __init__(self, node: Node, cfg: MigrationConfig, ctx: "Context", inventory: pulumi.Resource):
         super().__init__("gpu-migration:index:GpuNode", node.ident, {"stage": node.stage})
         self.node, self.cfg, self.ctx = node, cfg, ctx
         self.hostname: pulumi.Input[str] = node.name
@@ -59,6 +59,8 @@ class GpuNode(pulumi.ComponentResource):
         # What the next batch waits for (rollout.when_done): the pending GPU pods check. Not the smoke verification of
         # a dra node: the preflight before it reads every node's name, also those of later batches (a wait cycle).
         self.done_by: Optional[pulumi.Resource] = None
+        # No node is touched, not even fenced, before the inventory found every GPU node listed: nothing half-applied.
+        fence_opts = pulumi.ResourceOptions(parent=self, depends_on=[inventory])
         if node.stage == "ibm-managed":
             # The fence refuses a node already replaced (no IBM drivers) or missing, then sets both runbook labels
             # once; the NodePatch keeps only deploy.operands=false (see node_labels).
@@ -69,7 +71,7 @@ class GpuNode(pulumi.ComponentResource):
                 labels=node_labels.IBM_MANAGED_LABELS,
                 operator_min_version=OPERATOR_MIN_VERSION,
                 stage="ibm-managed",
-                opts=pulumi.ResourceOptions(parent=self),
+                opts=fence_opts,
             )
             self.labels = self._labels([self.fence])
         else:
@@ -81,7 +83,7 @@ class GpuNode(pulumi.ComponentResource):
                 node=node.name,
                 labels=node_labels.IBM_MANAGED_LABELS,
                 operator_min_version=OPERATOR_MIN_VERSION,
-                opts=pulumi.ResourceOptions(parent=self),
+                opts=fence_opts,
             )
 
     def _labels(self, deps: list[pulumi.Resource]) -> k8s.core.v1.NodePatch:
@@ -328,7 +330,7 @@ def declare(cfg: MigrationConfig) -> Declared:
 
     # The GPU Operator arrives only once every node still on IBM's drivers is fenced off: ibm-managed nodes by their
     # labels, nodes awaiting replacement by their NodeFence.
-    gpu_nodes = [GpuNode(n, cfg, ctx) for n in cfg.nodes]
+    gpu_nodes = [GpuNode(n, cfg, ctx, out.inventory) for n in cfg.nodes]
     fences = [r for n in gpu_nodes for r in (n.fence, n.labels) if r is not None]
     fenced = pulumi.ResourceOptions(depends_on=[*fences, out.inventory])
     out.gpu_operator = charts.gpu_operator_release(cfg.gpu_operator, opts=pulumi.ResourceOptions.merge(k8s_opts, fenced))

@@ -536,40 +536,81 @@ def test_fence_of_an_ibm_managed_node_refuses_a_replaced_or_missing_node(kube, k
 IKS_GPU = {"ibm-cloud.kubernetes.io/machine-type": "gx3.16x80.l4"}
 
 
-def inventory(api, configured, worker_ids=None, temp_pool=None):
-    return kube_checks.inventory(api, configured, worker_ids or {}, "1.36", temp_pool)
+def inventory(api, configured, worker_ids=None, temp_pool=None, seen=None):
+    found = kube_checks.inventory(api, configured, worker_ids or {}, "1.36", temp_pool, seen)
+    return found.problems, found.warnings
+
+
+POOL_A = {"ibm-cloud.kubernetes.io/worker-pool-name": "gpu", "ibm-cloud.kubernetes.io/zone": "us-south-1"}
 
 
 def test_inventory_names_unlisted_gpu_nodes_and_missing_config_names(kube, api):
     kube.add_node("a", allocatable={"nvidia.com/gpu": "1"}, kubelet_version="v1.35.4+IKS")
     kube.add_node("b", labels=IKS_GPU, kubelet_version="v1.35.4+IKS")  # GPU flavor, no driver yet
     kube.add_node("cpu", labels={"ibm-cloud.kubernetes.io/machine-type": "bx2.4x16"})
-    problems, warnings = inventory(api, {"a": "ibm-managed", "gone": "ibm-managed", "moved": "device-plugin"})
+    problems, warnings = inventory(api, {"a": "ibm-managed", "gone": "ibm-managed", "typo": "device-plugin"})
     assert problems == [
-        "GPU node b (kubelet v1.35.4+IKS, flavor gx3.16x80.l4) is not listed in gpu-migration:nodes: it runs "
-        "IBM-managed drivers and would get the GPU Operator next to them; add it (stage ibm-managed, workerId ?)",
+        "GPU node b (kubelet v1.35.4+IKS, flavor gx3.16x80.l4, worker pool ?, zone ?) is not listed in "
+        "gpu-migration:nodes: it runs IBM-managed drivers and would get the GPU Operator next to them; add it with "
+        "stage ibm-managed ({name: b, workerId: ?, stage: ...})",
         "node gone in gpu-migration:nodes (stage ibm-managed) matches no node in the cluster; fix its name "
-        "(`kubectl get nodes`)"]
-    assert warnings == ["node moved in gpu-migration:nodes matches no node in the cluster (stage device-plugin; "
-                        "fine while its worker is being replaced, else fix its name)"]
+        "(`kubectl get nodes`)",
+        "node typo in gpu-migration:nodes (stage device-plugin) matches no node in the cluster and no earlier run saw "
+        "it; fix its name (`kubectl get nodes`)"]
+    assert warnings == []
+
+
+def test_an_unlisted_node_past_ibm_drivers_is_a_problem_unless_it_is_a_listed_nodes_new_worker(kube, api):
+    kube.add_node("10.0.0.9", labels={**IKS_GPU, **POOL_A, "ibm-cloud.kubernetes.io/worker-id": "w-new"},
+                  kubelet_version="v1.37.0+IKS")
+    # No earlier run saw 10.0.0.1: a stray GPU node and a wrong name, both named.
+    problems, warnings = inventory(api, {"10.0.0.1": "dra"})
+    assert problems == [
+        "GPU node 10.0.0.9 (kubelet v1.37.0+IKS, flavor gx3.16x80.l4, worker pool gpu, zone us-south-1) is not listed "
+        "in gpu-migration:nodes, and it is not the new worker of a listed node whose replacement is under way (none "
+        "in that pool and zone); add it with its stage ({name: 10.0.0.9, workerId: w-new, stage: ...}), or remove "
+        "it from the cluster",
+        "node 10.0.0.1 in gpu-migration:nodes (stage dra) matches no node in the cluster and no earlier run saw it; "
+        "fix its name (`kubectl get nodes`)"]
+    # An earlier run saw 10.0.0.1 in another zone: still not its new worker.
+    elsewhere = {"10.0.0.1": {"pool": "gpu", "zone": "us-south-2"}}
+    assert len(inventory(api, {"10.0.0.1": "dra"}, seen=elsewhere)[0]) == 1
+    # Same pool and zone: an interrupted replacement; both only warn, so `up` resumes it.
+    there = {"10.0.0.1": {"pool": "gpu", "zone": "us-south-1"}}
+    problems, warnings = inventory(api, {"10.0.0.1": "dra"}, seen=there)
+    assert problems == [] and warnings == [
+        "GPU node 10.0.0.9 (kubelet v1.37.0+IKS, flavor gx3.16x80.l4, worker pool gpu, zone us-south-1) is not listed "
+        "in gpu-migration:nodes; taken for the new worker of 10.0.0.1 (same pool and zone, whose node is gone): the "
+        "resumed replacement of 10.0.0.1 records it"]
+    # One new worker explains one entry, not two.
+    kube.add_node("10.0.0.8", labels={**IKS_GPU, **POOL_A}, kubelet_version="v1.37.0+IKS")
+    assert len(inventory(api, {"10.0.0.1": "dra"}, seen=there)[0]) == 1
+    del kube.nodes["10.0.0.8"]
+    # The node is gone and no new worker joined yet: the replacement is under way.
+    del kube.nodes["10.0.0.9"]
+    assert inventory(api, {"10.0.0.1": "dra"}, seen=there) == ([], [
+        "node 10.0.0.1 in gpu-migration:nodes (stage dra) is gone since an earlier run saw it and no new worker has "
+        "joined yet: its replacement resumes"])
+    # An ibm-managed entry is never explained by a replacement: its node would stay unfenced.
+    assert len(inventory(api, {"10.0.0.1": "ibm-managed"}, seen=there)[0]) == 1
 
 
 def test_inventory_ties_replaced_nodes_to_their_config_entry(kube, api):
     kube.add_node("10.0.0.9", labels={**IKS_GPU, "ibm-cloud.kubernetes.io/worker-id": "w-new"},
                   kubelet_version="v1.37.0+IKS")
-    problems, warnings = inventory(api, {"10.0.0.1": "dra"})
-    assert problems == [] and warnings == [
-        "GPU node 10.0.0.9 (kubelet v1.37.0+IKS, flavor gx3.16x80.l4) is not listed in gpu-migration:nodes; add it "
-        "with its stage (or, if it replaced a listed node, run `pulumi up` again: the resumed replacement records it; "
-        "the entry's name needs no change)",
-        "node 10.0.0.1 in gpu-migration:nodes matches no node in the cluster (stage dra; fine while its worker is "
-        "being replaced, else fix its name)"]
     kube.nodes["10.0.0.9"]["metadata"]["annotations"] = {kube_checks.CONFIG_NAME_ANNOTATION: "10.0.0.1"}
     assert inventory(api, {"10.0.0.1": "dra"}) == ([], [])
-    kube.nodes["10.0.0.9"]["metadata"]["annotations"] = {}
+    # Its entry's workerId set to the new worker, and the node tied to it: fine.
     assert inventory(api, {"10.0.0.1": "dra"}, worker_ids={"w-new": "10.0.0.1"}) == ([], [])
+    kube.nodes["10.0.0.9"]["metadata"]["annotations"] = {}
     kube.nodes["10.0.0.9"]["metadata"]["labels"]["ibm-cloud.kubernetes.io/worker-pool-name"] = "tmp"
-    assert inventory(api, {"x": "dra"}, temp_pool="tmp")[0] == []  # the temporary pool's node is ours
+    # An entry whose own worker's node has another name: a wrong name, not a replacement.
+    kube.nodes["10.0.0.9"]["metadata"]["labels"]["ibm-cloud.kubernetes.io/worker-id"] = "w-old"
+    assert inventory(api, {"10.0.0.1": "ibm-managed"}, worker_ids={"w-old": "10.0.0.1"})[0] == [
+        "node 10.0.0.1 in gpu-migration:nodes has workerId w-old, whose node is 10.0.0.9; set its name to 10.0.0.9"]
+    # The temporary pool's GPU node is ours, listed or not.
+    assert len(inventory(api, {})[0]) == 1
+    assert inventory(api, {}, temp_pool="tmp") == ([], [])
 
 
 def test_inventory_provider_fails_before_anything_is_installed(kube, kubeconfig):
@@ -817,4 +858,5 @@ def test_inventory_and_placement_run_again_on_every_up(kube, kubeconfig):
     with pytest.raises(CheckFailed, match="GPU node b"):
         provider.update("id", olds, props)
     del kube.nodes["b"]
-    assert provider.update("id", olds, props).outs["checked"] == ["a"]
+    outs = provider.update("id", olds, props).outs
+    assert outs["checked"] == ["a"] and outs["seen"] == {"a": {"pool": "", "zone": ""}}

@@ -277,15 +277,6 @@ def test_a_second_up_changes_nothing_although_the_operator_deleted_a_label(env):
     assert not env.timeline.all("labels applied", node=IBM)[1:]
 
 
-def test_an_unlisted_gpu_node_on_ibm_drivers_stops_up_before_the_operator(env):
-    env.add_ibm_node("10.240.0.99")
-    result = up(env, pilot_config(env), API_KEY)
-    assert result.error is not None
-    assert "GPU node 10.240.0.99 (kubelet v1.35.4+IKS" in str(result.error)
-    assert "is not listed in gpu-migration:nodes: it runs IBM-managed drivers" in str(result.error)
-    assert not env.timeline.all("helm install") and not env.timeline.all("iks POST /v2/vpc/replaceWorker")
-
-
 def test_a_replaced_node_set_back_to_ibm_managed_is_refused(env):
     first = fresh_up(env)
     dp = new_node(first, DP)
