@@ -1,6 +1,6 @@
-"""Records every state of the cluster's Nodes and Pods while a test runs, through Kubernetes watches, so a test can
-assert what happened in between (a label that came and went, a pod that ran and was deleted, the order of a node's
-changes) rather than only the end state.
+"""Records every state of the cluster's Nodes, Pods and ResourceSlices while a test runs, through Kubernetes watches,
+so a test can assert what happened in between (a label that came and went, a pod that ran and was deleted, the order
+of a node's changes) rather than only the end state.
 
 Each state carries its resourceVersion (`rv`). KEP-5504 (stable in 1.35) makes versions comparable within one
 resource; here every resource lives in the one etcd, whose revision is every object's resourceVersion
@@ -49,14 +49,16 @@ class SliceState:
 
 
 def _slice(event: str, s: dict) -> SliceState:
-    return SliceState(int(s["metadata"]["resourceVersion"]), event, s["metadata"]["name"], s["spec"].get("nodeName", ""),
-                      s["spec"].get("driver", ""))
+    spec = s["spec"]
+    return SliceState(int(s["metadata"]["resourceVersion"]), event, s["metadata"]["name"], spec.get("nodeName", ""),
+                      spec.get("driver", ""))
 
 
 def _node(event: str, n: client.V1Node) -> NodeState:
     info = n.status.node_info if n.status else None
-    return NodeState(int(n.metadata.resource_version), event, n.metadata.name, dict(n.metadata.labels or {}), dict(n.metadata.annotations or {}),
-                     bool(n.spec.unschedulable), info.kubelet_version if info else "")
+    meta = n.metadata
+    return NodeState(int(meta.resource_version), event, meta.name, dict(meta.labels or {}),
+                     dict(meta.annotations or {}), bool(n.spec.unschedulable), info.kubelet_version if info else "")
 
 
 def _pod(event: str, p: client.V1Pod) -> PodState:

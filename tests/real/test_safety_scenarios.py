@@ -1,9 +1,11 @@
 """The migration's safety rules under the real Pulumi CLI and engine, against the local control plane and the IKS
 emulator (each test gets its own cluster): the GPU Operator never runs next to IBM's drivers, a node that fails its
 checks stops the nodes after it, a dra node stays cordoned until its smoke test passed, a second `up` changes
-nothing, and `up` stops, naming the culprit, on a config or cluster it must not act on.
+nothing, `up` stops, naming the culprit, on a config or cluster it must not act on, and a rollback of the last dra
+node goes step by step and then removes the DRA path.
 
-A `Recorder` watches Nodes and Pods throughout, so the tests see what happened in between, not only the end."""
+A `Recorder` watches Nodes, Pods and ResourceSlices throughout, so the tests see what happened in between, not only
+the end."""
 import json
 
 import pytest
@@ -17,32 +19,26 @@ from .recorder import Recorder
 from .scenario_env import A, B, C, PILOT, PILOT_STAGES, PLUGIN, VERIFICATION, WORKERS, Events, new_name
 
 DRIVER_LABEL = "nvidia.com/gpu.deploy.driver"
+REPLACE = "/v2/vpc/replaceWorker"
 NVIDIA_NAMESPACES = ("gpu-operator", "nvidia-dra-driver-gpu")  # the operator's operands, the DRA kubelet plugin
 
 
-def replaced_workers(iks) -> list[str]:
-    """Worker IDs of every replaceWorker request, in order (the IKS emulator keeps no bodies: record them)."""
-    if not hasattr(iks, "replaced"):
-        iks.replaced, route = [], iks.route
+def record_iks_writes(iks) -> list[tuple[str, str, dict]]:
+    """(method, path, body) of every IKS request that may change something, from now on (the emulator keeps no
+    bodies)."""
+    writes, route = [], iks.route
 
-        def recording(method, path, query, body):
-            if (method, path) == ("POST", "/v2/vpc/replaceWorker"):
-                iks.replaced.append(body.get("workerID"))
-            return route(method, path, query, body)
-        iks.route = recording
-    return iks.replaced
+    def recording(method, path, query, body):
+        if method != "GET":
+            writes.append((method, path, body))
+        return route(method, path, query, body)
+    iks.route = recording
+    return writes
 
 
-def master_versions(iks) -> list[str]:
-    if not hasattr(iks, "master_puts"):
-        iks.master_puts, route = [], iks.route
-
-        def recording(method, path, query, body):
-            if method == "PUT" and path == f"/v1/clusters/{iks.cluster_name}":
-                iks.master_puts.append(body.get("version"))
-            return route(method, path, query, body)
-        iks.route = recording
-    return iks.master_puts
+def replaced(writes) -> list[str]:
+    """Worker IDs of the replaceWorker requests, in order."""
+    return [body.get("workerID") for method, path, body in writes if (method, path) == ("POST", REPLACE)]
 
 
 def resources(stack) -> dict[str, dict]:
@@ -73,7 +69,7 @@ def deploy_labels(labels: dict) -> dict:
 
 
 def test_gpu_operator_never_runs_next_to_ibm_drivers(env, capsys):
-    replaced, masters = replaced_workers(env.iks), master_versions(env.iks)
+    writes = record_iks_writes(env.iks)
     with Recorder(env.cluster.kubeconfig) as rec:
         result, events = env.up(PILOT_STAGES)
     ibm = {s.name for s in rec.nodes if s.annotations.get(IBM_DRIVER_ANNOTATION) == "true"}
@@ -98,13 +94,14 @@ def test_gpu_operator_never_runs_next_to_ibm_drivers(env, capsys):
     assert any(DRIVER_LABEL not in s.labels for s in c_states[fenced:])
     assert deploy_labels(env.node(C).metadata.labels) == {OPERANDS_LABEL: "false"}
     assert not any(s.unschedulable for s in c_states) and VERIFICATION not in c_states[-1].annotations
-    assert WORKERS[C] not in replaced and env.iks.workers[WORKERS[C]]["lifecycle"]["desiredState"] == "deployed"
+    assert WORKERS[C] not in replaced(writes) and env.iks.workers[WORKERS[C]]["lifecycle"]["desiredState"] == "deployed"
 
     # What else the fresh up did: the master went 1.35 -> 1.36 -> 1.37 (one minor at a time); the workers were
     # replaced once each, in config order; their nodes are new, the old ones left with them; nothing asks the user
     # to rename the config entries.
+    masters = [body.get("version") for method, path, body in writes if path == f"/v1/clusters/{env.iks.cluster_name}"]
     assert masters == ["1.36", "1.37"] and env.iks.cluster["masterKubeVersion"].startswith("1.37.")
-    assert replaced == [WORKERS[A], WORKERS[B]]
+    assert replaced(writes) == [WORKERS[A], WORKERS[B]]
     state = resources(env.project.stack())
     for config_name, node in ((A, new_a), (B, new_b)):
         outs = state[f"{config_name}-replacement"]["outputs"]
@@ -114,13 +111,14 @@ def test_gpu_operator_never_runs_next_to_ibm_drivers(env, capsys):
         assert worker["kubeVersion"]["actual"] == env.iks.worker_versions["1.37"]  # newest worker fix pack
         assert config_name not in {n.metadata.name for n in env.core.list_node().items}
     output = capsys.readouterr().out
-    assert "replaced; its node is now" in output  # said as info, recorded in state ...
+    # The rename is said as info (the new node is in state), never as a warning to edit gpu-migration:nodes.
+    assert "replaced; its node is now" in output
     assert not [line for line in output.splitlines() if "warning" in line and "gpu-migration:nodes" in line]
 
 
 def test_failed_readiness_of_node_1_stops_node_2_and_the_dra_path(env):
     env.cluster.doubles.publish_slices = False  # the DRA kubelet plugin runs, but no devices appear on the dra node
-    replaced = replaced_workers(env.iks)
+    writes = record_iks_writes(env.iks)
     timeouts = {**env.config(PILOT_STAGES)["timeouts"], "operatorReady": 8}
     with Recorder(env.cluster.kubeconfig) as rec:
         message, events = failing_up(env, PILOT_STAGES, timeouts=timeouts)
@@ -128,7 +126,7 @@ def test_failed_readiness_of_node_1_stops_node_2_and_the_dra_path(env):
     assert f"GPU Operator on node {new_a} (dra) did not pass" in message
     assert f"node {new_a}: no DRA devices in ResourceSlices of driver gpu.nvidia.com" in message
     # Node 2 is not replaced, and nothing of the DRA verification ran.
-    assert replaced == [WORKERS[A]]
+    assert replaced(writes) == [WORKERS[A]]
     assert env.iks.workers[WORKERS[B]]["lifecycle"]["desiredState"] == "deployed"
     state = resources(env.project.stack())
     for name in (f"{B}-replacement", "dra-preflight", f"smoke-{A}", f"{A}-smoke-verification"):
@@ -187,7 +185,7 @@ def test_a_second_up_changes_nothing_although_the_operator_deleted_a_label(env):
     assert DRIVER_LABEL not in c_states[-1].labels and fenced < len(c_states) - 1
     before = {n.metadata.name: (n.metadata.labels, n.metadata.annotations, bool(n.spec.unschedulable), n.spec.taints)
               for n in env.core.list_node().items}
-    iks_calls = len(env.iks.requests)
+    writes = record_iks_writes(env.iks)
 
     with Recorder(env.cluster.kubeconfig) as rec:
         _, events = env.up(PILOT_STAGES)
@@ -198,7 +196,7 @@ def test_a_second_up_changes_nothing_although_the_operator_deleted_a_label(env):
         {name: b[3] for name, b in before.items()}
     # The engine changed nothing but the read-only checks that run on every up; IKS got no request that changes.
     assert meaningful({name: op for name, op in changed(events).items()}) == {}
-    assert [(m, p) for m, p in env.iks.requests[iks_calls:] if m not in ("GET",) and p != "/identity/token"] == []
+    assert writes == []
 
 
 def test_a_replaced_node_set_back_to_ibm_managed_is_refused(env):
@@ -219,7 +217,7 @@ def test_a_replaced_node_set_back_to_ibm_managed_is_refused(env):
 
 def test_operator_pods_on_an_ibm_managed_node_stop_up_naming_node_and_pods(env):
     env.cluster.doubles.operator_ignores_fence = True  # the operator starts its operands on fenced nodes too
-    replaced = replaced_workers(env.iks)
+    writes = record_iks_writes(env.iks)
     message, events = failing_up(env, PILOT_STAGES)
     culprit = next((line for line in message.splitlines()
                     if f"node {C}: runs IBM-managed drivers but has GPU Operator pods " in line), "")
@@ -228,7 +226,7 @@ def test_operator_pods_on_an_ibm_managed_node_stop_up_naming_node_and_pods(env):
     # Nothing past the check: the second node and the ibm-managed one are never replaced. (Whether the check after
     # the operator's install or the one after node 1's readiness sees the pods first depends on when the DaemonSet
     # controller creates them; either stops node 2.)
-    assert WORKERS[B] not in replaced and WORKERS[C] not in replaced
+    assert WORKERS[B] not in replaced(writes) and WORKERS[C] not in replaced(writes)
     assert f"{B}-replacement" not in started(events)
     assert {f"{A}-smoke-verification", "dra-preflight"}.isdisjoint(started(events))
 
@@ -286,7 +284,7 @@ def test_rollback_of_the_last_dra_node_goes_step_by_step_and_removes_the_dra_pat
     assert PILOT not in final.metadata.labels and final.metadata.labels[PLUGIN] == "true"
     assert env.cluster.doubles.custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")["items"] \
         == []
-    assert env.iks.count("POST", "/v2/vpc/replaceWorker") == 2
+    assert env.iks.count("POST", REPLACE) == 2
     assert not any(s.unschedulable for s in rec.of_node(new_b))
     # The last dra node left: the DRA driver, DeviceClass, smoke test and preflight go, after the rollback.
     removed = {"dra-driver", "device-class", f"smoke-{A}", f"{A}-smoke-verification", "dra-preflight"}
