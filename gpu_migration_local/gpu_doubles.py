@@ -29,16 +29,30 @@ SMI_FAULT_ANNOTATION = "gpu-migration.local/nvidia-smi-fault"
 DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu"
 DRA_DRIVER = "gpu.nvidia.com"
 
-# gpu-operator controllers/state_manager.go: the per-operand deploy labels the operator sets to "true" on GPU nodes
-# (an existing value is honoured) and removes all of them when nvidia.com/gpu.deploy.operands=false
-# (removeAllGPUStateLabels).
+# NVIDIA/gpu-operator v25.10.1 controllers/state_manager.go, `gpuStateLabels`: the deploy labels the operator sets to
+# "true" on GPU nodes of the default (container) workload config (addGPUStateLabels: an existing value is honoured) ...
 OPERAND_LABELS = [
     "nvidia.com/gpu.deploy.driver",
+    "nvidia.com/gpu.deploy.gpu-feature-discovery",
     "nvidia.com/gpu.deploy.container-toolkit",
     "nvidia.com/gpu.deploy.device-plugin",
-    "nvidia.com/gpu.deploy.gpu-feature-discovery",
+    "nvidia.com/gpu.deploy.dcgm",
     "nvidia.com/gpu.deploy.dcgm-exporter",
+    "nvidia.com/gpu.deploy.node-status-exporter",
     "nvidia.com/gpu.deploy.operator-validator",
+]
+# ... and every one it deletes when nvidia.com/gpu.deploy.operands=false (updateGPUStateLabels ->
+# removeAllGPUStateLabels): the labels of all three workload configs (container, vm-passthrough, vm-vgpu) and
+# nvidia.com/gpu.deploy.mig-manager (migManagerLabelKey).
+GPU_STATE_LABELS = OPERAND_LABELS + [
+    "nvidia.com/gpu.deploy.sandbox-device-plugin",
+    "nvidia.com/gpu.deploy.sandbox-validator",
+    "nvidia.com/gpu.deploy.vfio-manager",
+    "nvidia.com/gpu.deploy.kata-manager",
+    "nvidia.com/gpu.deploy.cc-manager",
+    "nvidia.com/gpu.deploy.vgpu-manager",
+    "nvidia.com/gpu.deploy.vgpu-device-manager",
+    "nvidia.com/gpu.deploy.mig-manager",
 ]
 OPERANDS_LABEL = "nvidia.com/gpu.deploy.operands"
 
@@ -82,6 +96,13 @@ class GpuDoubles:
     _finished: set[str] = field(default_factory=set)
     _running_since: dict[str, float] = field(default_factory=dict)
     smi_fault: str = ""  # like SMI_FAULT_ANNOTATION, for every node (tests that can't know the new node's name)
+    # Faults. The DRA kubelet plugin runs (Ready) but its ResourceSlices never appear, as when its service account may
+    # not create them: the plugin's ResourceSlice controller (k8s.io/dynamic-resource-allocation resourceslice)
+    # only logs and retries a failed create, so the pod stays Ready.
+    publish_slices: bool = True
+    # The operator ignores the fence: it labels nodes with deploy.operands=false like any other GPU node, all operand
+    # labels "true", so its DaemonSets (nodeSelector nvidia.com/gpu.deploy.<operand>=true) put pods there.
+    operator_ignores_fence: bool = False
 
     def __post_init__(self) -> None:
         self.core = client.CoreV1Api(self.api_client)
@@ -131,14 +152,17 @@ class GpuDoubles:
         return int((node.metadata.annotations or {}).get(GPUS_ANNOTATION, "1"))
 
     def _label_operands(self, nodes: dict[str, client.V1Node]) -> None:
-        """gpu-operator controllers/state_manager.go labelGPUNodes: add missing deploy labels on GPU nodes; with
-        deploy.operands=false remove every GPU state label (removeAllGPUStateLabels)."""
+        """gpu-operator controllers/state_manager.go labelGPUNodes, for nodes with nvidia.com/gpu.present=true
+        (hasCommonGPULabel): add the missing deploy labels (addGPUStateLabels); with deploy.operands=false remove every
+        GPU state label instead (removeAllGPUStateLabels), whoever set it."""
         for node in nodes.values():
             labels = node.metadata.labels or {}
             if not self._is_gpu_node(node):
                 continue
-            if labels.get(OPERANDS_LABEL) == "false":
-                patch = {k: None for k in OPERAND_LABELS if k in labels}
+            if labels.get(OPERANDS_LABEL) == "false" and self.operator_ignores_fence:
+                patch = {k: "true" for k in OPERAND_LABELS if labels.get(k) != "true"}
+            elif labels.get(OPERANDS_LABEL) == "false":
+                patch = {k: None for k in GPU_STATE_LABELS if k in labels}
             else:
                 patch = {k: "true" for k in OPERAND_LABELS if k not in labels}
             if patch:
@@ -175,7 +199,7 @@ class GpuDoubles:
         mine = [s for s in slices if s["spec"].get("driver") == DRA_DRIVER]
         if plugin is not None:
             self._plugin_gone_since.pop(name, None)
-            if not mine:
+            if not mine and self.publish_slices:
                 self.custom.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
                                                          self._slice(node))
             self._log_prepared_claims(name, plugin)

@@ -103,6 +103,17 @@ def test_failing_smoke_test_stops_up_and_names_the_criterion(env):
         stack.up(on_output=print)
     assert "criterion 3" in str(failed.value) and "GPU-00000000" in str(failed.value)
     assert "Fix the cause and run `pulumi up` again" in str(failed.value)
+    # It names the pod, the node and both GPUs, and no other criterion; the failure is recorded on the node, which
+    # stays cordoned, and not in the stack state (the next `up` judges again).
+    deployed = {r["urn"].rsplit("::", 1)[1]: r for r in stack.export_stack().deployment["resources"]}
+    new_a = deployed[f"{A}-replacement"]["outputs"]["node_name"]
+    assert f"smoke test gpu-pilot/gpu-smoke-{A} on node {new_a} failed" in str(failed.value)
+    assert "criterion 3 (GPU in logs)" in str(failed.value) and gpu_uuid(new_a, 0) in str(failed.value)
+    assert not any(f"criterion {n}" in str(failed.value) for n in (1, 2, 4))
+    assert f"{A}-smoke-verification" not in deployed
+    record = env.record(new_a)
+    assert record["result"] == "failed" and "criterion 3" in record["problems"][0], record
+    assert env.node(new_a).spec.unschedulable
     # The fault is fixed; the documented command (`pulumi up` again) replaces the pod and passes.
     env.cluster.doubles.smi_fault = ""
     result = stack.up(on_output=print)
