@@ -293,7 +293,8 @@ def find_replacement(
     replacement is the one sibling still provisioning, else the one sibling at the target's major.minor once the
     zone is back to its size; `others` (workers recorded by other config entries, or claimed by other replacements)
     and failed siblings are never candidates. More than one candidate then is ambiguous and raises instead of
-    guessing.
+    guessing. With no candidate but failed siblings, those are returned: the caller stops on them with IKS's
+    message instead of waiting for a replacement that IKS will not finish.
     """
     siblings = [
         w for w in workers
@@ -308,10 +309,13 @@ def find_replacement(
     siblings = [w for w in siblings if w["id"] not in others]
     if known is not None:
         return [w for w in siblings if w["id"] not in known]
+    failed = [w for w in siblings if is_failed(w)]
     siblings = [w for w in siblings if not is_failed(w)]
     in_flight = [w for w in siblings if not is_deployed(w)]
     candidates = in_flight or [w for w in siblings if same_minor(worker_version(w), target)
                                or version_at_least(worker_version(w), target)]
+    if not candidates and failed:
+        return failed  # the new worker failed: the caller stops at once naming it (never follows it)
     if len(candidates) > 1:
         raise ReplacementError(
             f"worker {old['id']} was replaced but its replacement is ambiguous "
@@ -423,13 +427,13 @@ class WorkerReplacementProvider(_IksProvider):
                 new = CLAIMS.claim(cluster, claimant, candidates)
                 if new is None:
                     return False, None, self._orphan(cur, cluster, st, grace)
+                if is_failed(new):  # never followed: IKS does not retry a failed worker by itself
+                    raise failed_worker_error(new, cluster, cur["id"])
                 _log(f"worker {cur['id']} of cluster {cluster} is replaced by {new['id']}")
                 st["followed"].append(cur["id"])
                 st["created"].add(new["id"])
                 st.update(current=new["id"], known=None, orphaned_at=None)
                 cur = new
-                if is_failed(cur):
-                    raise failed_worker_error(cur, cluster, st["followed"][-1])
             if cur["id"] in st["created"]:
                 if worker_version(cur) and not same_minor(worker_version(cur), target):
                     raise ReplacementError(

@@ -327,3 +327,24 @@ def test_a_resumed_replacement_skips_workers_another_entry_recorded_on_its_node(
             replace(emu, recorded["id"], evict=settings)
     finally:
         kube.stop()
+
+
+def test_a_resumed_replacement_whose_new_worker_failed_stops_at_once_and_never_follows_it(emu):
+    """The run that requested the replacement was stopped; the only new worker of the zone then failed. The next `up`
+    names it with IKS's message at once (not after the rebalancing grace or the timeout), and follows the worker
+    that replaces it once the user replaced it as told."""
+    old = emu.add_worker()["id"]
+    emu.fail_new_workers = ("provision_failed", "Insufficient capacity for flavor gx3.16x80.l4 in zone us-south-1.")
+    IksClient.from_api(emu.api()).replace_worker("gpu-cluster", old)  # requested by an earlier run
+    for _ in range(4):
+        emu.tick()
+    (failed,) = [w["id"] for w in live_workers(emu)]
+    with pytest.raises(iks.ReplacementError) as raised:
+        replace(emu, old, timeout=60, rebalance_timeout=60)
+    message = str(raised.value)
+    assert f"worker {failed}" in message and "provision_failed" in message and "Insufficient capacity" in message
+    assert f"ibmcloud ks worker replace --cluster gpu-cluster --worker {failed}" in message
+    emu.fail_new_workers = None
+    IksClient.from_api(emu.api()).replace_worker("gpu-cluster", failed)  # what the message says to do
+    outs = replace(emu, old)
+    assert outs["new_worker_id"] not in (old, failed) and emu.replaced == [old, failed]
