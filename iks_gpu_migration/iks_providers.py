@@ -327,8 +327,9 @@ def find_replacement(
 
 
 def failed_worker_error(worker: dict, cluster: str, old_id: str) -> ReplacementError:
+    role = f" (the replacement of {old_id})" if worker["id"] != old_id else ""
     return ReplacementError(
-        f"worker {worker['id']} of cluster {cluster} (the replacement of {old_id}) is "
+        f"worker {worker['id']} of cluster {cluster}{role} is "
         f"{(worker.get('lifecycle') or {}).get('actualState')}: IKS says: {failure_message(worker)}. Fix the cause "
         f"(see `ibmcloud ks worker get --cluster {cluster} --worker {worker['id']}`), then replace the failed worker "
         f"(`ibmcloud ks worker replace --cluster {cluster} --worker {worker['id']}`) and re-run `pulumi up`: it "

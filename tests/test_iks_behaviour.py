@@ -348,3 +348,13 @@ def test_a_resumed_replacement_whose_new_worker_failed_stops_at_once_and_never_f
     IksClient.from_api(emu.api()).replace_worker("gpu-cluster", failed)  # what the message says to do
     outs = replace(emu, old)
     assert outs["new_worker_id"] not in (old, failed) and emu.replaced == [old, failed]
+
+
+def test_a_worker_that_failed_before_its_replacement_is_named_not_replaced(emu):
+    worker = emu.add_worker()
+    worker["lifecycle"].update(actualState="reloading_failed", message="Reload failed: disk not found.")
+    with pytest.raises(iks.ReplacementError) as raised:
+        replace(emu, worker["id"], timeout=60)
+    message = str(raised.value)
+    assert f"worker {worker['id']} of cluster gpu-cluster is reloading_failed: IKS says: Reload failed" in message
+    assert "the replacement of" not in message and emu.count(*REPLACE) == 0

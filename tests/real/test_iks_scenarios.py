@@ -10,7 +10,6 @@ from .project import meaningful, planned_changes
 from .scenario_env import A, B, C, PILOT, PILOT_STAGES, WORKERS, Events, new_name
 
 
-
 def replaced(result, node: str) -> str:
     return result.outputs[f"node:{node}"].value["replacedWorkerId"]
 
