@@ -81,6 +81,8 @@ def test_kube_version_bump_replaces_each_migrated_worker_once_from_state(env):
     assert events.index(f"{A}-pending-gpu-pods", "done") < events.index("batch-2-gate", "pre") \
         < events.index(f"{B}-replacement", "pre")
     assert events.index("batch-1-gate", "done") < events.index(f"{A}-replacement", "pre")
+    for gate in ("batch-1-gate", "batch-2-gate"):  # each gate counted capacity again, not just its old record
+        assert "create-replacement" in {op for op, n, _ in events.steps if n == gate}, events.steps
     outputs = state_outputs(env.project.stack())
     for n in (A, B):
         outs = outputs[f"{n}-replacement"]
