@@ -231,9 +231,13 @@ class GpuDoubles:
                 },
                 "capacity": {"memory": {"value": "80Gi"}},
             })
+        # Owned by the Node, so the garbage collector removes the slices with a deleted node (a replaced worker):
+        # k8s.io/dynamic-resource-allocation kubeletplugin/draplugin.go PublishResources, resourceslice.Owner
+        # {APIVersion v1, Kind Node, Name, UID}.
+        owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node.metadata.uid}
         return {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"generateName": f"{name}-{DRA_DRIVER}-"},
+            "metadata": {"generateName": f"{name}-{DRA_DRIVER}-", "ownerReferences": [owner]},
             "spec": {"driver": DRA_DRIVER, "nodeName": name,
                      "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}, "devices": devices},
         }

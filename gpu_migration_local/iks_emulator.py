@@ -74,6 +74,7 @@ class IksEmulator:
         self.pools: dict[str, dict] = {}  # by pool ID
         self.lock = threading.RLock()
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, IAM included
+        self.replaced: list[str] = []  # workerID of every replaceWorker request, in order (refused ones too)
         self.tokens: dict[str, bool] = {}  # token -> still valid
         self.refuse_replace: dict[str, tuple[int, str]] = {}
         self.refuse_master_update: Optional[tuple[int, str]] = None
@@ -355,6 +356,7 @@ class IksEmulator:
         return 204, None
 
     def _replace(self, body: dict) -> tuple[int, None]:
+        self.replaced.append(body.get("workerID"))
         worker = self._worker(body.get("workerID"), live=True)
         if worker["id"] in self.refuse_replace:
             status, description = self.refuse_replace[worker["id"]]

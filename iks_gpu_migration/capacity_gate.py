@@ -6,8 +6,9 @@ any reason - maintenance, an earlier batch still draining, a node migrating outs
 budget. Waits (after an optional soak) bounded by timeouts.capacityGate, logging what it counts; a timeout names the
 unavailable nodes and leaves the batch untouched.
 
-Re-runs (replace) when its batch, the batch's stages or the budget change, so dra switches are gated like
-replacements; an unchanged batch keeps its recorded gate, so a resumed `up` does not wait or soak again.
+Re-runs (replace) when its batch, the batch's stages, the budget or kubeVersion change, so dra switches and the
+replacements of a kubeVersion bump are gated like first replacements; an unchanged batch keeps its recorded gate,
+so a resumed `up` does not wait or soak again.
 """
 import time
 from typing import Any, Optional, Sequence
@@ -34,7 +35,8 @@ def node_view(node: client.V1Node) -> plan.NodeView:
 
 
 class _CapacityGateProvider(_Provider):
-    rerun_on = ("batch", "stages", "min_available", "selector")
+    # kube_version: a kubeVersion bump replaces every migrated worker again, batch by batch behind its gate (issue 10).
+    rerun_on = ("batch", "stages", "min_available", "selector", "kube_version")
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # A gate leaves nothing behind: the new one may check before the old record goes (no delete first).
@@ -88,9 +90,10 @@ class CapacityGate(Resource, module="gpu-migration", name="CapacityGate"):
         timeout: pulumi.Input[float],
         poll_interval: pulumi.Input[float],
         opts: Optional[pulumi.ResourceOptions] = None,
+        kube_version: Optional[str] = None,
     ):
         props: dict[str, Any] = dict(kubeconfig=kubeconfig, index=index, batch=list(batch), stages=stages,
                                      after=after, selector=selector, min_available=min_available,
                                      soak_seconds=soak_seconds, timeout=timeout, poll_interval=poll_interval,
-                                     opened=None)
+                                     kube_version=kube_version, opened=None)
         super().__init__(_CapacityGateProvider(), name, props, opts)

@@ -265,6 +265,22 @@ class NewWorkerClaims:
 CLAIMS = NewWorkerClaims()
 
 
+def recorded_by_other_entries(props: dict[str, Any]) -> frozenset[str]:
+    """Worker IDs whose nodes the program tied to another config entry (kube_checks.workers_of_other_entries).
+
+    A replacement resumed by a new provider process (e.g. after `pulumi refresh` found its worker replaced outside
+    Pulumi) has no claims of its batch-mates; this durable record tells it which workers of its pool and zone are
+    already another node's. Read through the kubeconfig of the eviction settings; without them nothing is excluded
+    (then two candidates stop as ambiguous, never a guess)."""
+    evict = props.get("evict")
+    if not evict:
+        return frozenset()
+    from kubernetes import config  # kubernetes is only needed when a node is drained or a replacement resumed
+    from .kube_checks import workers_of_other_entries
+    with config.new_client_from_config(config_file=evict.get("kubeconfig") or None) as api:
+        return frozenset(workers_of_other_entries(api, props.get("node_name")))
+
+
 def find_replacement(
     old: dict, workers: list[dict], pool: Optional[dict], target: str, known: Optional[set[str]],
     others: frozenset[str] = frozenset(),
@@ -275,8 +291,10 @@ def find_replacement(
     even a failed one (the caller stops on it), and the caller claims one (NewWorkerClaims: batch-mates in the same
     pool and zone share these candidates). Without it (resuming a replacement requested by an earlier run) the
     replacement is the one sibling still provisioning, else the one sibling at the target's major.minor once the
-    zone is back to its size; `others` (workers of other nodes, or claimed by other replacements) and failed siblings
-    are never candidates. More than one candidate then is ambiguous and raises instead of guessing.
+    zone is back to its size; `others` (workers recorded by other config entries, or claimed by other replacements)
+    and failed siblings are never candidates. More than one candidate then is ambiguous and raises instead of
+    guessing. With no candidate but failed siblings, those are returned: the caller stops on them with IKS's
+    message instead of waiting for a replacement that IKS will not finish.
     """
     siblings = [
         w for w in workers
@@ -291,22 +309,27 @@ def find_replacement(
     siblings = [w for w in siblings if w["id"] not in others]
     if known is not None:
         return [w for w in siblings if w["id"] not in known]
+    failed = [w for w in siblings if is_failed(w)]
     siblings = [w for w in siblings if not is_failed(w)]
     in_flight = [w for w in siblings if not is_deployed(w)]
     candidates = in_flight or [w for w in siblings if same_minor(worker_version(w), target)
                                or version_at_least(worker_version(w), target)]
+    if not candidates and failed:
+        return failed  # the new worker failed: the caller stops at once naming it (never follows it)
     if len(candidates) > 1:
         raise ReplacementError(
             f"worker {old['id']} was replaced but its replacement is ambiguous "
-            f"({', '.join(w['id'] for w in candidates)}); set workerId of this node in gpu-migration:nodes to the "
-            f"new worker's ID and re-run `pulumi up` (it will not be replaced again)"
+            f"({', '.join(w['id'] for w in candidates)}: new workers of its pool and zone that no other entry "
+            f"recorded); set workerId of this node in gpu-migration:nodes to the new worker's ID and re-run "
+            f"`pulumi up` (it will not be replaced again)"
         )
     return candidates
 
 
 def failed_worker_error(worker: dict, cluster: str, old_id: str) -> ReplacementError:
+    role = f" (the replacement of {old_id})" if worker["id"] != old_id else ""
     return ReplacementError(
-        f"worker {worker['id']} of cluster {cluster} (the replacement of {old_id}) is "
+        f"worker {worker['id']} of cluster {cluster}{role} is "
         f"{(worker.get('lifecycle') or {}).get('actualState')}: IKS says: {failure_message(worker)}. Fix the cause "
         f"(see `ibmcloud ks worker get --cluster {cluster} --worker {worker['id']}`), then replace the failed worker "
         f"(`ibmcloud ks worker replace --cluster {cluster} --worker {worker['id']}`) and re-run `pulumi up`: it "
@@ -397,19 +420,21 @@ class WorkerReplacementProvider(_IksProvider):
             if is_failed(cur):
                 raise failed_worker_error(cur, cluster, st["followed"][-1] if st["followed"] else start)
             if is_deleting(cur):
-                pool = None if st["known"] is not None else client.get_worker_pool(cluster, cur.get("poolID"))
+                resumed = st["known"] is None  # not requested by this process: its batch-mates' claims are unknown
+                pool = client.get_worker_pool(cluster, cur.get("poolID")) if resumed else None
+                recorded = recorded_by_other_entries(props) if resumed else frozenset()
                 candidates = find_replacement(cur, workers, pool, target, st["known"],
-                                              others | CLAIMS.taken(cluster, claimant))
+                                              others | recorded | CLAIMS.taken(cluster, claimant))
                 new = CLAIMS.claim(cluster, claimant, candidates)
                 if new is None:
                     return False, None, self._orphan(cur, cluster, st, grace)
+                if is_failed(new):  # never followed: IKS does not retry a failed worker by itself
+                    raise failed_worker_error(new, cluster, cur["id"])
                 _log(f"worker {cur['id']} of cluster {cluster} is replaced by {new['id']}")
                 st["followed"].append(cur["id"])
                 st["created"].add(new["id"])
                 st.update(current=new["id"], known=None, orphaned_at=None)
                 cur = new
-                if is_failed(cur):
-                    raise failed_worker_error(cur, cluster, st["followed"][-1])
             if cur["id"] in st["created"]:
                 if worker_version(cur) and not same_minor(worker_version(cur), target):
                     raise ReplacementError(

@@ -558,3 +558,16 @@ def inventory(
             problems.append(f"node {name} in gpu-migration:nodes (stage {stage}) matches no node in the cluster and "
                             "no earlier run saw it; fix its name (`kubectl get nodes`)")
     return Inventory(problems, warnings, {**seen, **now})
+
+
+def workers_of_other_entries(api: ApiClient, own: Optional[str]) -> dict[str, str]:
+    """Worker ID -> config entry, for every node that OperatorReadiness tied to an entry other than `own`
+    (CONFIG_NAME_ANNOTATION, on the node IKS labels with its worker ID). Durable across provider processes, so a
+    replacement resumed by a later `pulumi up` never follows a worker another entry already recorded."""
+    out: dict[str, str] = {}
+    for n in client.CoreV1Api(api).list_node(label_selector=IKS_WORKER_ID_LABEL).items:
+        labels, annotations = n.metadata.labels or {}, n.metadata.annotations or {}
+        entry = annotations.get(CONFIG_NAME_ANNOTATION)
+        if entry and entry != own and labels.get(IKS_WORKER_ID_LABEL):
+            out[labels[IKS_WORKER_ID_LABEL]] = entry
+    return out

@@ -90,6 +90,7 @@ def declare_batches(plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after
             timeout=cfg.timeouts.capacity_gate,
             poll_interval=cfg.timeouts.poll_interval,
             opts=pulumi.ResourceOptions(depends_on=after),
+            kube_version=cfg.kube_version,
         )
         gates.append(gate)
         members = [gpu_nodes[name] for name in batch.nodes]

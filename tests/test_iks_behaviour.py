@@ -297,3 +297,64 @@ def test_temp_pool_workers_must_be_stable(emu):
     emu.flap_new_workers = 4
     result = iks.TempGpuPoolProvider().create(pool_props(emu))
     assert not set(result.outs["worker_ids"]) & emu.flapping
+
+
+# 11. The node behind a worker: what other entries recorded survives the provider process -------------------------
+
+def test_a_resumed_replacement_skips_workers_another_entry_recorded_on_its_node(emu, tmp_path):
+    """A new provider process (the `up` after `pulumi refresh` found the worker replaced outside Pulumi) has no claims
+    of its batch-mates; the config entry OperatorReadiness wrote on each replaced node tells them apart."""
+    from iks_gpu_migration.kube_checks import CONFIG_NAME_ANNOTATION, IKS_WORKER_ID_LABEL
+    from tests.emulators.kube import KubeEmulator
+    recorded = emu.add_worker()  # its own replacement, recorded by the first run
+    mate = emu.add_worker(version="1.36.1_1531")  # another entry's replaced worker, same pool and zone
+    kube = KubeEmulator().start()
+    try:
+        node = kube.add_node(mate["networkInterfaces"][0]["ipAddress"], labels={IKS_WORKER_ID_LABEL: mate["id"]})
+        settings = {"kubeconfig": kube.write_kubeconfig(tmp_path / "kubeconfig"), "timeout": 5, "poll_interval": 0.01}
+        IksClient.from_api(emu.api()).replace_worker("gpu-cluster", recorded["id"])  # outside Pulumi
+        for _ in range(4):
+            emu.tick()
+        (outside,) = [w["id"] for w in live_workers(emu) if w["id"] != mate["id"]]
+        with pytest.raises(iks.ReplacementError, match=rf"ambiguous \(.*{outside}.*\)"):
+            replace(emu, recorded["id"], evict=settings)  # nothing recorded on the mate's node: refuses to guess
+        node["metadata"]["annotations"] = {CONFIG_NAME_ANNOTATION: "10.240.0.12"}
+        outs = replace(emu, recorded["id"], evict=settings)
+        assert (outs["old_worker_id"], outs["new_worker_id"]) == (recorded["id"], outside)
+        assert emu.replaced == [recorded["id"]]  # only the outside replace: none by the program
+        node["metadata"]["annotations"] = {CONFIG_NAME_ANNOTATION: "10.240.0.9"}  # its own entry (node_name)
+        with pytest.raises(iks.ReplacementError, match="ambiguous"):
+            replace(emu, recorded["id"], evict=settings)
+    finally:
+        kube.stop()
+
+
+def test_a_resumed_replacement_whose_new_worker_failed_stops_at_once_and_never_follows_it(emu):
+    """The run that requested the replacement was stopped; the only new worker of the zone then failed. The next `up`
+    names it with IKS's message at once (not after the rebalancing grace or the timeout), and follows the worker
+    that replaces it once the user replaced it as told."""
+    old = emu.add_worker()["id"]
+    emu.fail_new_workers = ("provision_failed", "Insufficient capacity for flavor gx3.16x80.l4 in zone us-south-1.")
+    IksClient.from_api(emu.api()).replace_worker("gpu-cluster", old)  # requested by an earlier run
+    for _ in range(4):
+        emu.tick()
+    (failed,) = [w["id"] for w in live_workers(emu)]
+    with pytest.raises(iks.ReplacementError) as raised:
+        replace(emu, old, timeout=60, rebalance_timeout=60)
+    message = str(raised.value)
+    assert f"worker {failed}" in message and "provision_failed" in message and "Insufficient capacity" in message
+    assert f"ibmcloud ks worker replace --cluster gpu-cluster --worker {failed}" in message
+    emu.fail_new_workers = None
+    IksClient.from_api(emu.api()).replace_worker("gpu-cluster", failed)  # what the message says to do
+    outs = replace(emu, old)
+    assert outs["new_worker_id"] not in (old, failed) and emu.replaced == [old, failed]
+
+
+def test_a_worker_that_failed_before_its_replacement_is_named_not_replaced(emu):
+    worker = emu.add_worker()
+    worker["lifecycle"].update(actualState="reloading_failed", message="Reload failed: disk not found.")
+    with pytest.raises(iks.ReplacementError) as raised:
+        replace(emu, worker["id"], timeout=60)
+    message = str(raised.value)
+    assert f"worker {worker['id']} of cluster gpu-cluster is reloading_failed: IKS says: Reload failed" in message
+    assert "the replacement of" not in message and emu.count(*REPLACE) == 0

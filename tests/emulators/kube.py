@@ -48,9 +48,14 @@ def matches(obj: dict, field_selector: str) -> bool:
 
 
 def labels_match(obj: dict, label_selector: str) -> bool:
-    """Equality-based labelSelector `k=v` / `k==v` / `k!=v` terms joined by commas (apimachinery labels.Parse)."""
+    """Equality-based labelSelector `k=v` / `k==v` / `k!=v` and existence `k` / `!k` terms joined by commas
+    (apimachinery labels.Parse)."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
     for term in filter(None, label_selector.split(",")):
+        if not re.search(r"[=!]", term.lstrip("!")):  # existence: `k` has the label, `!k` has not
+            if (term.lstrip("!") in labels) == term.startswith("!"):
+                return False
+            continue
         key, op, value = re.match(r"([^=!]+)(!=|==|=)(.*)", term).groups()
         if (labels.get(key) == value) != (op != "!="):
             return False
