@@ -95,7 +95,7 @@ class GpuNode(pulumi.ComponentResource):
     def migrate(
         self,
         after: list[pulumi.Resource],
-        readiness_deps: list[pulumi.Resource],
+        operator_namespace: pulumi.Input[str],
         fenced: Optional[pulumi.Input[list[str]]] = None,
         evict: Optional[dict[str, Any]] = None,
     ) -> None:
@@ -161,7 +161,7 @@ class GpuNode(pulumi.ComponentResource):
             kubeconfig=cfg.kubeconfig,
             node=self.hostname,
             stage=node.stage,
-            namespace=cfg.gpu_operator.namespace,
+            namespace=operator_namespace,  # resolves once the operator, its placement check and DRA driver are in
             driver=cfg.dra_driver_name,
             device_plugin_resource=cfg.device_plugin_resource,
             dra_namespace=cfg.dra_driver.namespace if node.stage == "dra" else None,
@@ -169,7 +169,7 @@ class GpuNode(pulumi.ComponentResource):
             timeout=t.operator_ready,
             poll_interval=t.poll_interval,
             opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[self.switch, *readiness_deps, *filter(None, [self.replacement, self.rollback])]
+                parent=self, depends_on=[self.switch, *filter(None, [self.replacement, self.rollback])]
             ),
         )
         # Operands start asynchronously after the install: check their placement again once this node is ready.
@@ -367,15 +367,18 @@ def declare(cfg: MigrationConfig) -> Declared:
             f"together (see README, Fleet scale)"
         )
     evict = eviction_settings(cfg, out.temp_pool)
-    if out.temp_pool is not None:
-        after = [*after, out.gpu_operator]  # the temporary pool offers GPUs only once the operator runs there
+    # What every node waits for goes as a value without dependency edges (rollout.once_done): the operator depends on
+    # every fence, and an edge to it from each node makes the SDK's cycle check O(n^2).
+    operator_namespace = rollout.once_done(cfg.gpu_operator.namespace, readiness_deps)
+    # The temporary pool offers GPUs only once the operator runs there: the first gate waits for it.
+    first_after = rollout.once_done([], [out.gpu_operator]) if out.temp_pool is not None else None
     # Every node's placement check reads the fenced names; their fences precede it through the operator already, so
     # the value goes without its n dependencies (constant edges per node: rollout.py).
     fenced_value = rollout.detached(fenced_names)
     by_name = {n.node.name: n for n in gpu_nodes}
     out.gates = rollout.declare_batches(
         out.plan, by_name, cfg, after,
-        lambda gpu_node, deps: gpu_node.migrate(deps, readiness_deps, fenced_value, evict),
+        lambda gpu_node, deps: gpu_node.migrate(deps, operator_namespace, fenced_value, evict), first_after,
     )
     migrated = [n for n in gpu_nodes if n.node.stage != "ibm-managed"]
     for gpu_node in gpu_nodes:

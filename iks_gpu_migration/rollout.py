@@ -65,16 +65,32 @@ def detached(output: pulumi.Output) -> pulumi.Output:
                          is_secret=_resolved(False))
 
 
+def once_done(value: Any, resources: Sequence[pulumi.Resource]) -> pulumi.Output:
+    """`value`, resolved only once every resource in `resources` is registered (in `up`: its step finished), carrying
+    none of them. For what every node waits for (the GPU Operator, which depends on every node's fence): a real edge
+    makes the SDK's cycle check walk the operator's n fences for each node, O(n^2) (see the module docstring)."""
+    async def wait() -> Any:
+        for resource in resources:
+            await resource.urn.future()
+        return value
+
+    return pulumi.Output(set(), asyncio.ensure_future(wait()), is_known=_resolved(True), is_secret=_resolved(False))
+
+
 def declare_batches(plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after: list[pulumi.Resource],
-                    migrate: Callable[["GpuNode", list[pulumi.Resource]], None]) -> list[capacity_gate.CapacityGate]:
+                    migrate: Callable[["GpuNode", list[pulumi.Resource]], None],
+                    first_after: Optional[pulumi.Output] = None) -> list[capacity_gate.CapacityGate]:
     """One gate per batch; each node of the batch migrates (`migrate(node, after)`) after its gate and `after`
-    (inventory, master, temporary pool)."""
+    (inventory, master, temporary pool). `first_after` (a `once_done([], ...)` value) holds the first gate back
+    without a dependency edge, e.g. until the GPU Operator runs on the temporary pool."""
     gates = []
     previous: Optional[tuple[Batch, list["GpuNode"]]] = None
     preview = pulumi.runtime.is_dry_run()
     for batch in plan.batches:
-        if preview or previous is None:
-            waits_for: Any = list(batch.after)
+        if previous is None and first_after is not None:
+            waits_for: Any = first_after
+        elif preview or previous is None:
+            waits_for = list(batch.after)
         else:  # made only when a later batch awaits it (an unawaited failure would be reported twice)
             waits_for = when_done(*previous, batch.index)
         gate = capacity_gate.CapacityGate(
