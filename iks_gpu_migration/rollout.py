@@ -41,8 +41,9 @@ def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int) -> pulu
 
     async def wait() -> list[str]:
         for gpu_node in nodes:
-            try:  # the node's last check before the next batch may go (GpuNode.done_by)
-                await gpu_node.done_by.urn.future()
+            try:  # the node's last checks before the next batch may go (GpuNode.done_by)
+                for resource in gpu_node.done_by:
+                    await resource.urn.future()
             except BatchStopped:
                 raise  # an earlier batch failed: say so once, not nested per batch
             except Exception as e:  # noqa: BLE001 - any failure of the node stops later batches
@@ -79,10 +80,12 @@ def once_done(value: Any, resources: Sequence[pulumi.Resource]) -> pulumi.Output
 
 def declare_batches(plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after: list[pulumi.Resource],
                     migrate: Callable[["GpuNode", list[pulumi.Resource]], None],
-                    first_after: Optional[pulumi.Output] = None) -> list[capacity_gate.CapacityGate]:
+                    first_after: Optional[pulumi.Output] = None,
+                    finish: Optional[Callable[[int, list["GpuNode"]], None]] = None) -> list[capacity_gate.CapacityGate]:
     """One gate per batch; each node of the batch migrates (`migrate(node, after)`) after its gate and `after`
     (inventory, master, temporary pool). `first_after` (a `once_done([], ...)` value) holds the first gate back
-    without a dependency edge, e.g. until the GPU Operator runs on the temporary pool."""
+    without a dependency edge, e.g. until the GPU Operator runs on the temporary pool. `finish(index, members)`
+    declares what verifies a batch once its nodes are declared (before the next batch's gate waits for them)."""
     gates = []
     previous: Optional[tuple[Batch, list["GpuNode"]]] = None
     preview = pulumi.runtime.is_dry_run()
@@ -99,6 +102,7 @@ def declare_batches(plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after
             index=batch.index,
             batch=batch.nodes,
             stages={name: gpu_nodes[name].node.stage for name in batch.nodes},
+            kube_version=cfg.kube_version,
             after=waits_for,
             selector=cfg.gpu_node_selector,
             min_available=plan.budget.min_available,
@@ -111,5 +115,7 @@ def declare_batches(plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after
         members = [gpu_nodes[name] for name in batch.nodes]
         for gpu_node in members:
             migrate(gpu_node, [*after, gate])
+        if finish is not None:
+            finish(batch.index, members)
         previous = (batch, members)
     return gates

@@ -117,7 +117,7 @@ def test_fresh_pilot_up(env):
     assert {s["spec"]["nodeName"] for s in env.kube.slices} == {dra}
 
     # Preflight checked the dra node; the smoke pod ran there through DRA and its verification was recorded.
-    assert result.outputs("dra-preflight")["checked_nodes"] == [dra]
+    assert result.outputs("batch-1-dra-preflight")["checked_nodes"] == [dra]
     assert t.one("pod scheduled", pod=f"gpu-pilot/gpu-smoke-{DRA}").detail == {
         "pod": f"gpu-pilot/gpu-smoke-{DRA}", "node": dra, "path": "dra"}
     smoke = result.outputs(f"{DRA}-smoke-verification")
@@ -205,7 +205,7 @@ def test_rollback_of_the_dra_node(env):
     assert not [e for e in events if e.kind == "kube PATCH" and e.detail["path"] == f"/api/v1/nodes/{dp}"]
     assert second.outputs(f"{DP}-switch")["rolling_back"] is False
     # The last dra node left: the DRA driver, DeviceClass and smoke test are removed after the updates.
-    removed = {"dra-driver", "device-class", f"smoke-{DRA}", f"{DRA}-smoke-verification", "dra-preflight"}
+    removed = {"dra-driver", "device-class", f"smoke-{DRA}", f"{DRA}-smoke-verification", "batch-1-dra-preflight"}
     assert removed <= {e.detail["name"] for e in events if e.kind == "delete"}
     assert min(e.seq for e in events if e.kind == "delete" and e.detail["name"] in removed) > uncordon
     assert env.dra_driver is None and not env.device_classes
@@ -241,7 +241,7 @@ def test_failed_readiness_of_node_1_stops_node_2_and_the_dra_path(env):
     # Node 2 is not replaced, and nothing of the DRA verification ran.
     assert [e.detail["worker"] for e in env.timeline.all("iks POST /v2/vpc/replaceWorker")] == [WORKERS[DRA]]
     assert env.iks.workers[WORKERS[DP]]["lifecycle"]["desiredState"] == "deployed"
-    for name in (f"{DP}-replacement", f"{DP}-labels", "dra-preflight", f"smoke-{DRA}", f"{DRA}-smoke-verification"):
+    for name in (f"{DP}-replacement", f"{DP}-labels", "batch-1-dra-preflight", f"smoke-{DRA}", f"{DRA}-smoke-verification"):
         assert name not in result.state
         assert not env.timeline.all("register", name=name)
     assert not [k for k in env.kube.pods if k[0] == "gpu-pilot"]
