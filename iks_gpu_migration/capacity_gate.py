@@ -1,9 +1,10 @@
 """CapacityGate: a batch of the plan starts only when the cluster can spare it.
 
 Reads every Node with the official kubernetes client and opens once, with the whole batch out, at least
-`min_available` GPU nodes (matching gpuNodeSelector) are Ready and schedulable (plan.gate_decision): nodes cordoned, NotReady or gone for
-any reason - maintenance, an earlier batch still draining, a node migrating outside this run - count against the
-budget. Waits (after an optional soak) bounded by timeouts.capacityGate, logging what it counts; a timeout names the
+`min_available` GPU nodes (matching gpuNodeSelector) are Ready and schedulable (plan.gate_decision): nodes cordoned,
+NotReady or gone for any reason - maintenance, a node migrating outside this run, a node this program cordoned - count
+against the budget. Batch members are found by name or, once replaced (renamed), by the config entry their readiness
+check recorded on the Node. Waits (after an optional soak) bounded by timeouts.capacityGate, logging what it counts; a timeout names the
 unavailable nodes and leaves the batch untouched.
 
 Re-runs (replace) when its batch, the batch's stages, the budget or kubeVersion change, so dra switches and the
@@ -18,7 +19,8 @@ from kubernetes import client
 from pulumi.dynamic import DiffResult, Resource
 
 from . import plan
-from .kube_providers import CORDON_ANNOTATION, CheckFailed, _Provider, _timing
+from .kube_checks import CONFIG_NAME_ANNOTATION
+from .kube_providers import CheckFailed, _Provider, _timing
 from .waiting import WaitTimeout, wait_for
 
 
@@ -27,11 +29,10 @@ def node_view(node: client.V1Node) -> plan.NodeView:
     has not reported and counts as not ready, as the node lifecycle controller treats it as Unknown)."""
     conditions = (node.status.conditions or []) if node.status else []
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
-    # A node this program cordoned (CORDON_ANNOTATION) is a dra node of an earlier batch held until its smoke test,
-    # which waits for the preflight over every node: counting it would stall the next gate, so it is not counted.
-    ours = bool((node.metadata.annotations or {}).get(CORDON_ANNOTATION))
+    # Cordoned is cordoned, whoever did it (also this program, CORDON_ANNOTATION): such a node takes no GPU pods.
     return plan.NodeView(node.metadata.name, dict(node.metadata.labels or {}),
-                         bool(node.spec and node.spec.unschedulable) and not ours, ready)
+                         bool(node.spec and node.spec.unschedulable), ready,
+                         (node.metadata.annotations or {}).get(CONFIG_NAME_ANNOTATION, ""))
 
 
 class _CapacityGateProvider(_Provider):
@@ -83,6 +84,7 @@ class CapacityGate(Resource, module="gpu-migration", name="CapacityGate"):
         index: int,
         batch: Sequence[str],
         stages: dict[str, str],
+        kube_version: str,
         after: pulumi.Input[Sequence[str]],
         selector: str,
         min_available: int,
@@ -90,10 +92,10 @@ class CapacityGate(Resource, module="gpu-migration", name="CapacityGate"):
         timeout: pulumi.Input[float],
         poll_interval: pulumi.Input[float],
         opts: Optional[pulumi.ResourceOptions] = None,
-        kube_version: Optional[str] = None,
     ):
         props: dict[str, Any] = dict(kubeconfig=kubeconfig, index=index, batch=list(batch), stages=stages,
-                                     after=after, selector=selector, min_available=min_available,
+                                     kube_version=kube_version, after=after, selector=selector,
+                                     min_available=min_available,
                                      soak_seconds=soak_seconds, timeout=timeout, poll_interval=poll_interval,
-                                     kube_version=kube_version, opened=None)
+                                     opened=None)
         super().__init__(_CapacityGateProvider(), name, props, opts)

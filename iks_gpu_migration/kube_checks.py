@@ -86,10 +86,14 @@ def device_class_conflicts(api: ApiClient, extended_resource: str, own_class: st
 
 def preflight(
     api: ApiClient, driver: str, extended_resource: str, dra_nodes: list[str], all_nodes: list[str],
-    device_plugin_resource: str = GPU_RESOURCE, device_class: Optional[str] = None,
+    device_plugin_resource: str = GPU_RESOURCE, device_class: Optional[str] = None, pilot_label: Optional[str] = None,
 ) -> list[str]:
     """The API server stores extendedResourceName, one DeviceClass maps it, driver slices exist exactly on the dra
-    nodes, and no node offers GPUs on both paths."""
+    nodes, and no node offers GPUs on both paths.
+
+    With `pilot_label` (`key=value`) the check covers one batch: `dra_nodes`/`all_nodes` are the batch's, and a node
+    outside the batch may publish only if it carries the pilot label (a dra node of another batch; the DRA driver's
+    kubelet plugin runs only there)."""
     problems = stores_extended_resource_name(api, extended_resource)
     if device_class:
         problems += device_class_conflicts(api, extended_resource, device_class)
@@ -101,8 +105,17 @@ def preflight(
     for name in dra_nodes:
         if not devices.get(name):
             problems.append(f"node {name}: no ResourceSlice devices of driver {driver} (stage dra)")
+    key, _, value = (pilot_label or "").partition("=")
+
+    def may_publish(name: str) -> bool:
+        if name in dra_nodes:
+            return True
+        if not pilot_label or name in all_nodes:
+            return False
+        return name in nodes and (nodes[name].metadata.labels or {}).get(key) == value
+
     for name, count in sorted(devices.items()):
-        if count and name not in dra_nodes:
+        if count and not may_publish(name):
             problems.append(f"node {name}: publishes {count} DRA devices of driver {driver} but is not a dra node")
         offered = device_plugin_gpus(nodes[name], (extended_resource, device_plugin_resource, GPU_RESOURCE)) if name in nodes else {}
         if count and offered:

@@ -113,12 +113,13 @@ def _wait_until_no_problems(what: str, check, props: dict[str, Any], default_tim
 
 
 class _DraPreflightProvider(_Provider):
-    rerun_on = ("driver", "extended_resource", "dra_nodes", "all_nodes", "device_plugin_resource", "device_class")
+    rerun_on = ("driver", "extended_resource", "dra_nodes", "all_nodes", "device_plugin_resource", "device_class",
+                "pilot_label")
 
     def run(self, api, p):
         check = lambda: kube_checks.preflight(api, p["driver"], p["extended_resource"], p["dra_nodes"], p["all_nodes"],
                                               p.get("device_plugin_resource") or kube_checks.GPU_RESOURCE,
-                                              p.get("device_class"))
+                                              p.get("device_class"), p.get("pilot_label"))
         _wait_until_no_problems(f"DRA preflight for driver {p['driver']}", check, p, 1800)
         return {"checked_nodes": sorted(p["dra_nodes"])}
 
@@ -140,11 +141,12 @@ class DraPreflight(Resource, module="gpu-migration", name="DraPreflight"):
         poll_interval: pulumi.Input[float],
         device_plugin_resource: pulumi.Input[Optional[str]] = None,  # also checked for double offering
         device_class: pulumi.Input[Optional[str]] = None,  # the one class that may map extended_resource
+        pilot_label: Optional[str] = None,  # the nodes are one batch's (kube_checks.preflight)
         opts: Optional[pulumi.ResourceOptions] = None,
     ):
         props = dict(kubeconfig=kubeconfig, driver=driver, extended_resource=extended_resource, dra_nodes=dra_nodes,
                      all_nodes=all_nodes, device_plugin_resource=device_plugin_resource, device_class=device_class,
-                     timeout=timeout, poll_interval=poll_interval, checked_nodes=None)
+                     pilot_label=pilot_label, timeout=timeout, poll_interval=poll_interval, checked_nodes=None)
         super().__init__(_DraPreflightProvider(), name, props, opts)
 
 

@@ -37,11 +37,11 @@ class Declared:
     gpu_operator: Any = None
     dra_driver: Any = None
     device_class: Any = None
-    preflight: Any = None
     inventory: Any = None
     operand_placement: Any = None
     plan: Optional[Plan] = None
     gates: list[Any] = field(default_factory=list)
+    preflights: list[Any] = field(default_factory=list)  # one per batch with dra nodes
     nodes: dict[str, "GpuNode"] = field(default_factory=dict)
 
 
@@ -56,9 +56,9 @@ class GpuNode(pulumi.ComponentResource):
         self.switch = self.pending = self.labels = self.placement = None
         self.smoke_pod = self.verification = None
         self.before_hook = self.after_hook = None
-        # What the next batch waits for (rollout.when_done): the pending GPU pods check. Not the smoke verification of
-        # a dra node: the preflight before it reads every node's name, also those of later batches (a wait cycle).
-        self.done_by: Optional[pulumi.Resource] = None
+        # What the next batch waits for (rollout.when_done): the pending GPU pods check and, on dra, the smoke
+        # verification, which uncordons the node: the next gate counts a node still cordoned as unavailable.
+        self.done_by: list[pulumi.Resource] = []
         # No node is touched, not even fenced, before the inventory found every GPU node listed: nothing half-applied.
         fence_opts = pulumi.ResourceOptions(parent=self, depends_on=[inventory])
         if node.stage == "ibm-managed":
@@ -97,7 +97,7 @@ class GpuNode(pulumi.ComponentResource):
     def migrate(
         self,
         after: list[pulumi.Resource],
-        readiness_deps: list[pulumi.Resource],
+        operator_namespace: pulumi.Input[str],
         fenced: Optional[pulumi.Input[list[str]]] = None,
         evict: Optional[dict[str, Any]] = None,
     ) -> None:
@@ -163,7 +163,7 @@ class GpuNode(pulumi.ComponentResource):
             kubeconfig=cfg.kubeconfig,
             node=self.hostname,
             stage=node.stage,
-            namespace=cfg.gpu_operator.namespace,
+            namespace=operator_namespace,  # resolves once the operator, its placement check and DRA driver are in
             driver=cfg.dra_driver_name,
             device_plugin_resource=cfg.device_plugin_resource,
             dra_namespace=cfg.dra_driver.namespace if node.stage == "dra" else None,
@@ -171,7 +171,7 @@ class GpuNode(pulumi.ComponentResource):
             timeout=t.operator_ready,
             poll_interval=t.poll_interval,
             opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[self.switch, *readiness_deps, *filter(None, [self.replacement, self.rollback])]
+                parent=self, depends_on=[self.switch, *filter(None, [self.replacement, self.rollback])]
             ),
         )
         # Operands start asynchronously after the install: check their placement again once this node is ready.
@@ -192,7 +192,7 @@ class GpuNode(pulumi.ComponentResource):
             gate=cfg.pending_gpu_pods_gate,
             opts=pulumi.ResourceOptions(parent=self, depends_on=checked),
         )
-        self.done_by = self.pending
+        self.done_by = [self.pending]
 
     def declare_smoke_test(self, cfg: MigrationConfig, ctx: "Context", deps: list[pulumi.Resource]) -> None:
         self.smoke_pod = smoke_test.smoke_pod(
@@ -219,6 +219,7 @@ class GpuNode(pulumi.ComponentResource):
             poll_interval=t.poll_interval,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.smoke_pod]),
         )
+        self.done_by.append(self.verification)
 
 
     def declare_after_hook(self) -> None:
@@ -369,42 +370,54 @@ def declare(cfg: MigrationConfig) -> Declared:
             f"together (see README, Fleet scale)"
         )
     evict = eviction_settings(cfg, out.temp_pool)
-    if out.temp_pool is not None:
-        after = [*after, out.gpu_operator]  # the temporary pool offers GPUs only once the operator runs there
+    # What every node waits for goes as a value without dependency edges (rollout.once_done): the operator depends on
+    # every fence, and an edge to it from each node makes the SDK's cycle check O(n^2).
+    operator_namespace = rollout.once_done(cfg.gpu_operator.namespace, readiness_deps)
+    # The temporary pool offers GPUs only once the operator runs there: the first gate waits for it.
+    first_after = rollout.once_done([], [out.gpu_operator]) if out.temp_pool is not None else None
     # Every node's placement check reads the fenced names; their fences precede it through the operator already, so
     # the value goes without its n dependencies (constant edges per node: rollout.py).
     fenced_value = rollout.detached(fenced_names)
+    namespace = smoke_test.smoke_namespace(cfg.smoke_test, opts=k8s_opts) if dra_nodes_configured else None
+
+    def verify_dra(index: int, members: list[GpuNode]) -> None:
+        """A batch's dra nodes: its preflight, then their smoke tests, whose verification uncordons them before the
+        next batch's gate counts them. Per batch, not one preflight over every node: that one would wait for later
+        batches' switches while they wait for this batch to be verified."""
+        dra_members = [n for n in members if n.node.stage == "dra"]
+        if not dra_members:
+            return
+        preflight = kube_providers.DraPreflight(
+            f"batch-{index}-dra-preflight",
+            kubeconfig=cfg.kubeconfig,
+            driver=cfg.dra_driver_name,
+            extended_resource=cfg.extended_resource_name,
+            dra_nodes=[n.hostname for n in dra_members],
+            all_nodes=[n.hostname for n in members],
+            device_plugin_resource=cfg.device_plugin_resource,
+            device_class=dra.device_class_name(cfg.extended_resource_name) if own_class else charts.CHART_CLASS,
+            pilot_label=cfg.pilot_label,  # dra nodes of other batches may publish (kube_checks.preflight)
+            timeout=t.operator_ready,
+            poll_interval=t.poll_interval,
+            opts=pulumi.ResourceOptions(
+                depends_on=[out.dra_driver, *filter(None, [out.device_class]), *(n.switch for n in dra_members),
+                            *(n.readiness for n in dra_members)]
+            ),
+        )
+        out.preflights.append(preflight)
+        for gpu_node in dra_members:
+            gpu_node.declare_smoke_test(cfg, ctx, [preflight, namespace])
+
     by_name = {n.node.name: n for n in gpu_nodes}
     out.gates = rollout.declare_batches(
         out.plan, by_name, cfg, after,
-        lambda gpu_node, deps: gpu_node.migrate(deps, readiness_deps, fenced_value, evict),
+        lambda gpu_node, deps: gpu_node.migrate(deps, operator_namespace, fenced_value, evict), first_after,
+        verify_dra,
     )
     migrated = [n for n in gpu_nodes if n.node.stage != "ibm-managed"]
     for gpu_node in gpu_nodes:
         gpu_node.register_outputs({"stage": gpu_node.node.stage})
     out.nodes = {n.node.ident: n for n in gpu_nodes}
-    dra_nodes = [n for n in migrated if n.node.stage == "dra"]
-
-    if dra_nodes:
-        out.preflight = kube_providers.DraPreflight(
-            "dra-preflight",
-            kubeconfig=cfg.kubeconfig,
-            driver=cfg.dra_driver_name,
-            extended_resource=cfg.extended_resource_name,
-            dra_nodes=[n.hostname for n in dra_nodes],
-            all_nodes=[n.hostname for n in out.nodes.values()],
-            device_plugin_resource=cfg.device_plugin_resource,
-            device_class=dra.device_class_name(cfg.extended_resource_name) if own_class else charts.CHART_CLASS,
-            timeout=t.operator_ready,
-            poll_interval=t.poll_interval,
-            opts=pulumi.ResourceOptions(
-                depends_on=[out.dra_driver, *filter(None, [out.device_class]), *(n.switch for n in dra_nodes),
-                            *(n.readiness for n in dra_nodes)]
-            ),
-        )
-        namespace = smoke_test.smoke_namespace(cfg.smoke_test, opts=k8s_opts)
-        for gpu_node in dra_nodes:
-            gpu_node.declare_smoke_test(cfg, ctx, [out.preflight, namespace])
     for gpu_node in migrated:
         gpu_node.declare_after_hook()
     return out

@@ -133,11 +133,16 @@ def plan_for(cfg) -> Plan:
 
 @dataclass(frozen=True)
 class NodeView:
-    """What the gate reads of a Node: name, labels, spec.unschedulable and the Ready condition."""
+    """What the gate reads of a Node: name, labels, spec.unschedulable, the Ready condition, and the config entry
+    a replaced node belongs to (the annotation its readiness check wrote; its name changed with the replacement)."""
     name: str
     labels: dict
     unschedulable: bool = False
     ready: bool = True
+    config_name: str = ""
+
+    def member_of(self, batch: Sequence[str]) -> bool:
+        return self.name in batch or self.config_name in batch
 
     @property
     def available(self) -> bool:
@@ -177,8 +182,11 @@ def gate_decision(observed: Iterable[NodeView], batch: Sequence[str], selector: 
 
     GPU nodes are those matching `selector` (old, replaced and temporary-pool nodes alike: a label, not names, so the
     gate's inputs stay O(batch) and the plan O(n)); a GPU node missing from the cluster simply is not available.
+    Every cordoned or NotReady node counts against the budget, also one this program cordoned (a dra node held for
+    its smoke test serves no GPU workloads). `batch` holds configured names; a node replaced in an earlier run is a
+    member by its config entry (NodeView.config_name), so it is not mistaken for spare capacity.
     """
-    counted = [n for n in observed if n.name not in batch and selector_matches(selector, n.labels)]
+    counted = [n for n in observed if not n.member_of(batch) and selector_matches(selector, n.labels)]
     available = tuple(sorted(n.name for n in counted if n.available))
     unavailable = tuple(sorted(f"{n.name} ({n.why_not()})" for n in counted if not n.available))
     return GateDecision(len(available) >= min_available, available, unavailable, min_available, selector)

@@ -41,8 +41,9 @@ def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int) -> pulu
 
     async def wait() -> list[str]:
         for gpu_node in nodes:
-            try:  # the node's last check before the next batch may go (GpuNode.done_by)
-                await gpu_node.done_by.urn.future()
+            try:  # the node's last checks before the next batch may go (GpuNode.done_by)
+                for resource in gpu_node.done_by:
+                    await resource.urn.future()
             except BatchStopped:
                 raise  # an earlier batch failed: say so once, not nested per batch
             except Exception as e:  # noqa: BLE001 - any failure of the node stops later batches
@@ -65,16 +66,34 @@ def detached(output: pulumi.Output) -> pulumi.Output:
                          is_secret=_resolved(False))
 
 
+def once_done(value: Any, resources: Sequence[pulumi.Resource]) -> pulumi.Output:
+    """`value`, resolved only once every resource in `resources` is registered (in `up`: its step finished), carrying
+    none of them. For what every node waits for (the GPU Operator, which depends on every node's fence): a real edge
+    makes the SDK's cycle check walk the operator's n fences for each node, O(n^2) (see the module docstring)."""
+    async def wait() -> Any:
+        for resource in resources:
+            await resource.urn.future()
+        return value
+
+    return pulumi.Output(set(), asyncio.ensure_future(wait()), is_known=_resolved(True), is_secret=_resolved(False))
+
+
 def declare_batches(plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after: list[pulumi.Resource],
-                    migrate: Callable[["GpuNode", list[pulumi.Resource]], None]) -> list[capacity_gate.CapacityGate]:
+                    migrate: Callable[["GpuNode", list[pulumi.Resource]], None],
+                    first_after: Optional[pulumi.Output] = None,
+                    finish: Optional[Callable[[int, list["GpuNode"]], None]] = None) -> list[capacity_gate.CapacityGate]:
     """One gate per batch; each node of the batch migrates (`migrate(node, after)`) after its gate and `after`
-    (inventory, master, temporary pool)."""
+    (inventory, master, temporary pool). `first_after` (a `once_done([], ...)` value) holds the first gate back
+    without a dependency edge, e.g. until the GPU Operator runs on the temporary pool. `finish(index, members)`
+    declares what verifies a batch once its nodes are declared (before the next batch's gate waits for them)."""
     gates = []
     previous: Optional[tuple[Batch, list["GpuNode"]]] = None
     preview = pulumi.runtime.is_dry_run()
     for batch in plan.batches:
-        if preview or previous is None:
-            waits_for: Any = list(batch.after)
+        if previous is None and first_after is not None:
+            waits_for: Any = first_after
+        elif preview or previous is None:
+            waits_for = list(batch.after)
         else:  # made only when a later batch awaits it (an unawaited failure would be reported twice)
             waits_for = when_done(*previous, batch.index)
         gate = capacity_gate.CapacityGate(
@@ -83,6 +102,7 @@ def declare_batches(plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after
             index=batch.index,
             batch=batch.nodes,
             stages={name: gpu_nodes[name].node.stage for name in batch.nodes},
+            kube_version=cfg.kube_version,
             after=waits_for,
             selector=cfg.gpu_node_selector,
             min_available=plan.budget.min_available,
@@ -90,11 +110,12 @@ def declare_batches(plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after
             timeout=cfg.timeouts.capacity_gate,
             poll_interval=cfg.timeouts.poll_interval,
             opts=pulumi.ResourceOptions(depends_on=after),
-            kube_version=cfg.kube_version,
         )
         gates.append(gate)
         members = [gpu_nodes[name] for name in batch.nodes]
         for gpu_node in members:
             migrate(gpu_node, [*after, gate])
+        if finish is not None:
+            finish(batch.index, members)
         previous = (batch, members)
     return gates

@@ -4,7 +4,8 @@ import time
 import pytest
 
 from iks_gpu_migration.capacity_gate import _CapacityGateProvider
-from iks_gpu_migration.kube_providers import CheckFailed
+from iks_gpu_migration.kube_checks import CONFIG_NAME_ANNOTATION
+from iks_gpu_migration.kube_providers import CORDON_ANNOTATION, CheckFailed
 from tests.emulators.kube import KubeEmulator
 
 GPU = {"nvidia.com/gpu.present": "true"}
@@ -68,3 +69,30 @@ def test_reruns_when_its_batch_or_stages_change():
     rerun = provider.diff("id", olds, {**olds, "stages": {"n1": "dra"}})
     assert rerun.replaces == ["stages"] and not rerun.delete_before_replace  # a dra switch is gated again
     assert not provider.diff("id", olds, {**olds, "after": ["10.9.9.9"]}).replaces
+
+
+def test_a_node_this_program_cordoned_counts_against_the_budget(kube, tmp_path):
+    # E.g. a dra node of the previous batch still held for its smoke test: it serves no GPU workloads, whoever
+    # cordoned it (the next batch starts only once it is verified and uncordoned: migration.py done_by).
+    kube.nodes["n4"]["spec"]["unschedulable"] = True
+    kube.nodes["n4"]["metadata"].setdefault("annotations", {})[CORDON_ANNOTATION] = "dra"
+    with pytest.raises(CheckFailed) as e:
+        gate(kube, tmp_path, timeout=0.3)
+    assert "unavailable: n4 (cordoned)" in str(e.value)
+
+
+def test_batch_members_renamed_by_their_replacement_are_still_the_batch(kube, tmp_path):
+    # A kubeVersion round (or a stage change) after the first replacement: n1's node is now r1, tied to its config
+    # entry by the annotation its readiness check wrote. It is in the batch, not spare capacity outside it.
+    kube.add_node("r1", labels=GPU)["metadata"]["annotations"] = {CONFIG_NAME_ANNOTATION: "n1"}
+    del kube.nodes["n1"]
+    kube.nodes["n5"]["status"]["conditions"][0]["status"] = "False"
+    with pytest.raises(CheckFailed) as e:
+        gate(kube, tmp_path, timeout=0.3)
+    assert "2 GPU nodes available outside the batch, 3 needed; unavailable: n5 (NotReady)" in str(e.value)
+
+
+def test_reruns_when_the_kube_version_changes():
+    # Every node of the batch is replaced again at the new version: its capacity is counted again.
+    provider, olds = _CapacityGateProvider(), {"batch": ["n1"], "kube_version": "1.36"}
+    assert provider.diff("id", olds, {**olds, "kube_version": "1.37"}).replaces == ["kube_version"]

@@ -860,3 +860,18 @@ def test_inventory_and_placement_run_again_on_every_up(kube, kubeconfig):
     del kube.nodes["b"]
     outs = provider.update("id", olds, props).outs
     assert outs["checked"] == ["a"] and outs["seen"] == {"a": {"pool": "", "zone": ""}}
+
+
+def test_a_batch_preflight_lets_dra_nodes_of_other_batches_publish(dra_cluster, api):
+    # n1 (pilot label, slices) is a dra node of an earlier batch; the check covers batch [n3] only.
+    dra_cluster.add_node("n3", labels={"migration.example.com/gpu-dra": "pilot"})
+    dra_cluster.add_slice("n3", DRIVER, {"gpu-1": "GPU-1"})
+    pilot = "migration.example.com/gpu-dra=pilot"
+    assert kube_checks.preflight(api, DRIVER, ER, ["n3"], ["n3"], pilot_label=pilot) == []
+    # A publisher without the pilot label, or a node of the batch that is not dra, is still refused.
+    dra_cluster.nodes["n1"]["metadata"]["labels"].pop("migration.example.com/gpu-dra")
+    assert kube_checks.preflight(api, DRIVER, ER, ["n3"], ["n3"], pilot_label=pilot) == [
+        f"node n1: publishes 1 DRA devices of driver {DRIVER} but is not a dra node"]
+    assert kube_checks.preflight(api, DRIVER, ER, [], ["n3"], pilot_label=pilot) == [
+        f"node n1: publishes 1 DRA devices of driver {DRIVER} but is not a dra node",
+        f"node n3: publishes 1 DRA devices of driver {DRIVER} but is not a dra node"]

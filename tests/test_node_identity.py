@@ -1,10 +1,13 @@
 """Issue 10 points 10 and 11 in the declared program: each replacement carries the eviction settings, and a node's
 resources keep their names when its config entry is renamed with `key`."""
+import contextlib
 import copy
+import gc
+import logging
 
 import pytest
 
-from harness import REPLACEMENT, run_program, stack_config
+from harness import REPLACEMENT, RecordingMocks, run_program, stack_config
 from iks_gpu_migration import config
 
 DRA_NODE, DP_NODE = "10.240.0.11", "10.240.0.12"
@@ -25,13 +28,38 @@ def test_every_replacement_evicts_first_with_the_stack_timeout():
         assert evict["gpu_resources"] == ["nvidia.com/mig-1g.10gb", "nvidia.com/gpu"]
 
 
+@contextlib.contextmanager
+def quiet_asyncio():
+    """A failed registration under mocks leaves futures whose exception asyncio reports again on collection."""
+    logger = logging.getLogger("asyncio")
+    level, logger.level = logger.level, logging.CRITICAL
+    try:
+        yield
+    finally:
+        gc.collect()
+        logger.setLevel(level)
+
+
+class FailingOperator(RecordingMocks):
+    def new_resource(self, args):
+        if args.name == "gpu-operator":
+            raise RuntimeError("Helm refused gpu-operator")
+        return super().new_resource(args)
+
+
 def test_with_a_temp_pool_eviction_waits_for_its_gpus_and_the_operator_comes_first():
     raw = pilot()
     raw["tempGpuPool"] = {"enabled": True, "flavor": "gx3.16x80.l4", "zone": "us-south-1", "vpcId": "vpc",
                           "subnetId": "subnet"}
     run = run_program(raw)
     assert run.depends(f"{DRA_NODE}-replacement", "temp-gpu-pool")
-    assert run.depends(f"{DRA_NODE}-replacement", "gpu-operator")
+    # The operator comes first without an edge from every node (rollout.once_done): a failed install starts no batch.
+    mocks = FailingOperator()
+    with pytest.raises(Exception, match="Helm refused gpu-operator"), quiet_asyncio():
+        run_program(raw, mocks=mocks)
+    names = {r.name for r in mocks.registered}
+    assert "temp-gpu-pool" in names
+    assert not {"batch-1-gate", f"{DRA_NODE}-replacement", f"{DRA_NODE}-operator-ready"} & names
     from types import SimpleNamespace
     from iks_gpu_migration.migration import eviction_settings
     pool = SimpleNamespace(node_names=["10.240.9.1"])  # TempGpuPool.node_names: its ready nodes

@@ -32,14 +32,14 @@ CASES = {
     "stage ibm-managed -> device-plugin": (stage(IBM, "device-plugin"), {
         "+": names(IBM, "replacement", "switch", "rollback", "operator-ready", "operand-placement",
                    "pending-gpu-pods") | {"batch-3-gate"},
-        "-": names(IBM, "labels"), "~": {IBM}, "+-": names(IBM, "fence") | {"dra-preflight"}}),
+        "-": names(IBM, "labels"), "~": {IBM}, "+-": names(IBM, "fence")}),
     "stage device-plugin -> dra": (stage(DP, "dra"), {
-        "+": names(DP, "smoke-verification") | {f"smoke-{DP}"}, "-": names(DP, "rollback"),
-        "~": {DP}, "+-": names(DP, "switch", "operator-ready") | {"dra-preflight", "batch-2-gate"}}),
+        "+": names(DP, "smoke-verification") | {f"smoke-{DP}", "batch-2-dra-preflight"}, "-": names(DP, "rollback"),
+        "~": {DP}, "+-": names(DP, "switch", "operator-ready") | {"batch-2-gate"}}),
     # Rollback of the last dra node: the DRA driver, DeviceClass, preflight and smoke test go away.
     "stage dra -> device-plugin (rollback)": (stage(DRA, "device-plugin"), {
         "+": names(DRA, "rollback"),
-        "-": names(DRA, "smoke-verification") | {f"smoke-{DRA}", "device-class", "dra-driver", "dra-preflight",
+        "-": names(DRA, "smoke-verification") | {f"smoke-{DRA}", "device-class", "dra-driver", "batch-1-dra-preflight",
                                                  "smoke-namespace"},
         "~": {DRA}, "+-": names(DRA, "switch", "operator-ready") | {"batch-1-gate"}}),
     "gpuOperator version or values": (lambda r: r["gpuOperator"].update(version="v25.10.2"), {
@@ -54,7 +54,7 @@ CASES = {
     # An updated switch's rolling_back is unknown in preview (a dynamic provider has no preview of its update), so
     # the rollback check shows as replaced; during `up` the switch reports the same value and it does not run.
     "timeouts": (lambda r: r["timeouts"].update(drain=900, operatorReady=1200), {
-        "~": names(DP, "switch", "operator-ready") | names(DRA, "switch", "operator-ready") | {"dra-preflight"},
+        "~": names(DP, "switch", "operator-ready") | names(DRA, "switch", "operator-ready") | {"batch-1-dra-preflight"},
         "+": set(), "-": set(), "+-": names(DP, "rollback")}),
     "smokeTest.command": (lambda r: r["smokeTest"].update(command=["nvidia-smi", "-L"]), {
         "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification"}, "~": set(), "+": set(), "-": set()}),
@@ -62,12 +62,13 @@ CASES = {
         "+": set(), "~": set(), "-": set(), "+-": set()}),
     "pilotLabel": (lambda r: r.update(pilotLabel="migration.example.com/gpu-dra=on"), {
         "~": {"dra-driver"},
-        "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification", f"{DRA}-switch", f"{DP}-switch", f"{DP}-rollback"},
+        "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification", f"{DRA}-switch", f"{DP}-switch", f"{DP}-rollback",
+               "batch-1-dra-preflight"},
         "+": set(), "-": set()}),
     "tempGpuPool.enabled": (lambda r: r.update(tempGpuPool={"enabled": True, "flavor": "gx3.16x80.l4",
                                                             "zone": "us-south-1", "vpcId": "r006-v",
                                                             "subnetId": "0717-s"}), {
-        "+": {"temp-gpu-pool"}, "~": set(), "-": {"batch-2-gate"}, "+-": {"batch-1-gate"}}),
+        "+": {"temp-gpu-pool"}, "~": set(), "-": {"batch-2-gate"}, "+-": {"batch-1-gate", "batch-1-dra-preflight"}}),
     "hooks": (lambda r: r.update(hooks={"beforeReplace": "./move.sh", "afterVerification": "./notify.sh"}), {
         "+": names(DRA, "before-replace-hook", "after-verification-hook")
         | names(DP, "before-replace-hook", "after-verification-hook"), "~": set(), "-": set(), "+-": set()}),

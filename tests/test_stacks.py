@@ -44,15 +44,17 @@ def test_pilot_declares_each_stage(pilot_run):
     assert f"{IBM_NODE}-replacement" not in run.names()
     assert {f"smoke-{DRA_NODE}", f"{DRA_NODE}-smoke-verification"} <= run.names()
     assert not {f"smoke-{DP_NODE}", f"smoke-{IBM_NODE}"} & run.names()
-    assert {"gpu-operator", "dra-driver", "device-class", "dra-preflight", "smoke-namespace"} <= run.names()
+    assert {"gpu-operator", "dra-driver", "device-class", "batch-1-dra-preflight", "smoke-namespace"} <= run.names()
     replacement = run.named(f"{DP_NODE}-replacement").inputs
     assert (replacement["worker_id"], replacement["kube_version"]) == ("kube-pilot0001-gpu-00000102", "1.37")
     # Siblings are no longer passed (O(n^2) inputs at fleet scale); a resumed replacement relies on its own state.
     assert replacement["other_worker_ids"] == []
     assert run.named(f"smoke-{DRA_NODE}").inputs["spec"]["nodeSelector"]["kubernetes.io/hostname"] == DRA_NODE
-    preflight = run.named("dra-preflight").inputs
-    assert preflight["dra_nodes"] == [DRA_NODE]
-    assert sorted(preflight["all_nodes"]) == sorted([DRA_NODE, DP_NODE, IBM_NODE])
+    # One preflight per batch with dra nodes, over that batch (kube_checks.preflight with the pilot label).
+    preflight = run.named("batch-1-dra-preflight").inputs
+    assert preflight["dra_nodes"] == [DRA_NODE] and preflight["all_nodes"] == [DRA_NODE]
+    assert preflight["pilot_label"] == "migration.example.com/gpu-dra=pilot"
+    assert "batch-2-dra-preflight" not in run.names()
     assert run.named("smoke-namespace").inputs["metadata"]["name"] == "gpu-pilot"
 
 
@@ -83,7 +85,10 @@ def test_pilot_order(pilot_run):
                  "batch-1-gate"):
         assert run.depends(name, "gpu-node-inventory")
     assert run.depends("operand-placement", "gpu-operator")
-    assert run.depends(f"{DRA_NODE}-operator-ready", "operand-placement")
+    # Readiness waits for the operator and its placement check through its namespace input, without an edge
+    # (rollout.once_done; tests/test_node_identity.py checks a failed operator holds it back).
+    assert order.index("operand-placement") < order.index(f"{DRA_NODE}-operator-ready")
+    assert not run.depends(f"{DRA_NODE}-operator-ready", "gpu-operator")
     assert not run.depends(f"{DRA_NODE}-replacement", f"{DP_NODE}-operator-ready")
     assert run.depends(f"{DRA_NODE}-operator-ready", f"{DRA_NODE}-replacement")
     # The operator only arrives once every node on IBM's drivers is fenced off: ibm-managed ones by their labels,
@@ -96,13 +101,16 @@ def test_pilot_order(pilot_run):
     # switch, driver and DeviceClass are in place before the preflight, the smoke pod after it.
     assert run.depends("dra-driver", "master-version") and run.depends("device-class", "master-version")
     for dep in ("device-class", "dra-driver", f"{DRA_NODE}-switch"):
-        assert run.depends("dra-preflight", dep)
-    assert run.named("dra-preflight").inputs["device_class"] == "nvidia.com-gpu"
+        assert run.depends("batch-1-dra-preflight", dep)
+    assert run.named("batch-1-dra-preflight").inputs["device_class"] == "nvidia.com-gpu"
     assert run.depends(f"{DRA_NODE}-switch", f"{DRA_NODE}-replacement")
     assert run.depends(f"{DRA_NODE}-operator-ready", f"{DRA_NODE}-switch")
     assert run.named(f"{DRA_NODE}-operator-ready").inputs["dra_namespace"] == "nvidia-dra-driver-gpu"
-    assert run.depends(f"smoke-{DRA_NODE}", "dra-preflight")
+    assert run.depends(f"smoke-{DRA_NODE}", "batch-1-dra-preflight")
     assert run.depends(f"{DRA_NODE}-smoke-verification", f"smoke-{DRA_NODE}")
+    # The next batch waits for the dra node's smoke verification too: it uncordons the node, which the next gate
+    # would otherwise count as unavailable.
+    assert order.index(f"{DRA_NODE}-smoke-verification") < order.index("batch-2-gate")
     assert run.named(f"{DRA_NODE}-smoke-verification").inputs["dra_namespace"] == "nvidia-dra-driver-gpu"
     # Rollback path of a device-plugin node: the switch, then the verification.
     assert run.depends(f"{DP_NODE}-rollback", f"{DP_NODE}-switch")
@@ -127,7 +135,7 @@ def test_validation_catches_a_bad_manifest(pilot_run, tmp_path):
 
 def test_prod_has_no_dra_yet(tmp_path):
     run = run_program(stack_config("prod"))
-    assert not {"dra-driver", "device-class", "dra-preflight", "smoke-namespace"} & run.names()
+    assert not {"dra-driver", "device-class", "batch-1-dra-preflight", "smoke-namespace"} & run.names()
     assert [r.name for r in run.of_type(REPLACEMENT)] == ["10.241.0.21-replacement"]
     assert all(labels(run, n) == {"nvidia.com/gpu.deploy.operands": "false"}
                for n in ("10.241.0.22", "10.241.0.23", "10.241.0.24"))
@@ -140,7 +148,8 @@ def test_moving_a_node_to_dra_adds_labels_and_smoke_test():
     assert run.named(f"{DP_NODE}-switch").inputs["target"] == "dra"
     assert {f"smoke-{DP_NODE}", f"{DP_NODE}-smoke-verification"} <= run.names()
     assert f"{DP_NODE}-rollback" not in run.names()
-    assert sorted(run.named("dra-preflight").inputs["dra_nodes"]) == sorted([DRA_NODE, DP_NODE])
+    assert run.named("batch-1-dra-preflight").inputs["dra_nodes"] == [DRA_NODE]
+    assert run.named("batch-2-dra-preflight").inputs["dra_nodes"] == [DP_NODE]
 
 
 def test_rollback_keeps_device_class_while_another_node_is_dra():
@@ -153,7 +162,7 @@ def test_rollback_keeps_device_class_while_another_node_is_dra():
 def test_last_dra_node_rolled_back_removes_dra_path():
     run = run_program(pilot(**{DRA_NODE: "device-plugin"}))
     assert {f"{DRA_NODE}-switch", f"{DRA_NODE}-rollback"} <= run.names()
-    assert not {"device-class", "dra-driver", "dra-preflight"} & run.names()
+    assert not {"device-class", "dra-driver", "batch-1-dra-preflight"} & run.names()
 
 
 def test_chart_25_12_class_is_used_instead_of_a_second_one():
@@ -161,7 +170,7 @@ def test_chart_25_12_class_is_used_instead_of_a_second_one():
     raw["draDriver"]["version"] = "25.12.0"
     run = run_program(raw)
     assert "device-class" not in run.names()
-    assert run.named("dra-preflight").inputs["device_class"] == "gpu.nvidia.com"
+    assert run.named("batch-1-dra-preflight").inputs["device_class"] == "gpu.nvidia.com"
     raw["deviceSelectors"] = ["device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"]
     with pytest.raises(Exception, match="already mapped by the DRA chart's DeviceClass gpu.nvidia.com"):
         run_program(raw)

@@ -1,0 +1,54 @@
+"""`pulumi preview` time against fleet size under the real engine (not a test).
+
+    venv/bin/python benchmarks/preview.py [N ...]     # default 100 1000; appends to benchmarks/preview_results.json
+
+A fresh stack of N device-plugin nodes (maxUnavailable 1: N batches) is previewed by the real Pulumi CLI (Automation
+API, file backend) against the local control plane and IKS emulator (tests/real: Project, local_config, local_iks).
+Reported: the preview's wall time, the resources it plans, and the ratio against the smallest N.
+"""
+import json
+import pathlib
+import platform
+import os
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from gpu_migration_local.env import LocalCluster  # noqa: E402
+from tests.real.local_iks import local_iks  # noqa: E402
+from tests.real.project import Project, local_config  # noqa: E402
+
+
+def preview_time(n: int) -> dict:
+    nodes = [{"name": f"10.1.{i // 250}.{i % 250 + 1}", "workerId": f"w-{i:04d}", "stage": "device-plugin"}
+             for i in range(n)]
+    with tempfile.TemporaryDirectory() as tmp, LocalCluster() as cluster, \
+            local_iks(cluster, {"10.240.0.11": "kube-local0001-gpu-00000101"}) as iks:
+        project = Project(pathlib.Path(tmp))
+        project.write_stack(local_config(cluster, iks, nodes, maxUnavailable=1))
+        stack = project.stack()
+        started = time.perf_counter()
+        result = stack.preview(on_output=lambda line: None)
+        wall = time.perf_counter() - started
+    return {"nodes": n, "preview_wall_s": round(wall, 1), "planned": sum(result.change_summary.values())}
+
+
+def main() -> int:
+    sizes = [int(a) for a in sys.argv[1:]] or [100, 1000]
+    out = ROOT / "benchmarks" / "preview_results.json"
+    results = json.loads(out.read_text()) if out.exists() else []
+    for n in sizes:
+        row = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
+               **preview_time(n)}
+        print(json.dumps(row), flush=True)
+        results.append(row)
+        out.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
