@@ -1,10 +1,16 @@
 """`pulumi preview` time against fleet size under the real engine (not a test).
 
-    venv/bin/python benchmarks/preview.py [N ...]     # default 100 1000; appends to benchmarks/preview_results.json
+    venv/bin/python benchmarks/preview.py [--checkpoints] [N ...]   # default 100 1000; appends to preview_results.json
 
 A fresh stack of N device-plugin nodes (maxUnavailable 1: N batches) is previewed by the real Pulumi CLI (Automation
 API, file backend) against the local control plane and IKS emulator (tests/real: Project, local_config, local_iks).
-Reported: the preview's wall time, the resources it plans, and the ratio against the smallest N.
+Reported: the preview's wall time and the resources it plans.
+
+By default the CLI runs with PULUMI_SKIP_CHECKPOINTS=true, as the README recommends for previews of large fleets: the
+file backend gives a preview a SnapshotManager whose persister discards everything, yet it serializes and verifies
+the whole in-memory snapshot after every step (pulumi/pulumi pkg/backend/diy/backend.go `DiscardPersister`,
+pkg/backend/snapshot.go `defaultServiceLoop`; v3.274.0), which is O(resources) per step. `--checkpoints` measures
+the CLI's default.
 """
 import json
 import pathlib
@@ -22,28 +28,31 @@ from tests.real.local_iks import local_iks  # noqa: E402
 from tests.real.project import Project, local_config  # noqa: E402
 
 
-def preview_time(n: int) -> dict:
+def preview_time(n: int, checkpoints: bool) -> dict:
     nodes = [{"name": f"10.1.{i // 250}.{i % 250 + 1}", "workerId": f"w-{i:04d}", "stage": "device-plugin"}
              for i in range(n)]
     with tempfile.TemporaryDirectory() as tmp, LocalCluster() as cluster, \
             local_iks(cluster, {"10.240.0.11": "kube-local0001-gpu-00000101"}) as iks:
         project = Project(pathlib.Path(tmp))
+        if not checkpoints:
+            project.engine.env["PULUMI_SKIP_CHECKPOINTS"] = "true"
         project.write_stack(local_config(cluster, iks, nodes, maxUnavailable=1))
         stack = project.stack()
         started = time.perf_counter()
         result = stack.preview(on_output=lambda line: None)
         wall = time.perf_counter() - started
-    return {"nodes": n, "preview_wall_s": round(wall, 1), "planned": sum(result.change_summary.values())}
+    return {"nodes": n, "checkpoints": checkpoints, "preview_wall_s": round(wall, 1), "planned": sum(result.change_summary.values())}
 
 
 def main() -> int:
-    sizes = [int(a) for a in sys.argv[1:]] or [100, 1000]
+    checkpoints = "--checkpoints" in sys.argv[1:]
+    sizes = [int(a) for a in sys.argv[1:] if a != "--checkpoints"] or [100, 1000]
     out = ROOT / "benchmarks" / "preview_results.json"
     results = json.loads(out.read_text()) if out.exists() else []
     for n in sizes:
         row = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
-               **preview_time(n)}
+               **preview_time(n, checkpoints)}
         print(json.dumps(row), flush=True)
         results.append(row)
         out.write_text(json.dumps(results, indent=1) + "\n")

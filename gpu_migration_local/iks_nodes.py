@@ -8,7 +8,7 @@ device plugin on them (the reason for this migration), so those nodes advertise 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from kubernetes import client

@@ -9,9 +9,9 @@ import pytest
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from iks_gpu_migration import kube_checks, kube_providers, node_switch, status
+from iks_gpu_migration import kube_checks, kube_providers, node_switch
 from iks_gpu_migration.kube_providers import VERIFICATION_ANNOTATION, CheckFailed
-from tests.emulators.kube import KubeEmulator, openapi_resource_v1
+from tests.emulators.kube import KubeEmulator
 
 DRIVER, ER, NS = "gpu.example.com", "example.com/gpu", "gpu-pilot"
 PILOT = "migration.example.com/gpu-dra=pilot"

@@ -1,9 +1,14 @@
 """What every whole-migration scenario under the real CLI shares: three IKS GPU workers on a fresh local control plane
 (real scheduler, real DRA allocation, real controllers), the IKS emulator, and a throw-away project."""
 import json
+import os
+import signal
+import threading
 from dataclasses import dataclass
+from typing import Callable
 
 from kubernetes import client
+from pulumi.automation import CommandError
 
 from gpu_migration_local.env import LocalCluster
 
@@ -72,3 +77,43 @@ def three_workers(project):
 
 def new_name(result, node: str) -> str:
     return result.outputs[f"node:{node}"].value["nodeName"]
+
+
+def cli_processes() -> list[int]:
+    """PIDs of `pulumi up` processes started by this test process (the Automation API's CLI)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if ppid == os.getpid() and argv and argv[0].endswith(b"/pulumi") and b"up" in argv:
+            pids.append(int(entry))
+    return pids
+
+
+def interrupted_up(stack, when: Callable[[], object], what: str, signal_name: str = "SIGINT",
+                   timeout: float = 180) -> CommandError:
+    """Run `pulumi up` in the background, send `signal_name` to the CLI once `when()` is truthy, and return the
+    error the interrupted `up` ended with (it must end with one)."""
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["result"] = stack.up(on_output=print)
+        except CommandError as e:
+            outcome["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    eventually(when, what, timeout=timeout, interval=0.05)
+    for pid in eventually(cli_processes, "the pulumi up process"):
+        os.kill(pid, getattr(signal, signal_name))
+    t.join(timeout=timeout)
+    assert not t.is_alive() and "error" in outcome, outcome
+    return outcome["error"]

@@ -1,18 +1,14 @@
 """Every GPU node of the cluster belongs to an entry of gpu-migration:nodes before anything changes (issue 9, point 8),
 under the real CLI against the local control plane and the IKS emulator. A stop names the node; an interrupted
 replacement still resumes."""
-import os
-import signal
-import threading
 
 import pytest
 from kubernetes import client
 from pulumi.automation import CommandError
 
-from .kube import eventually, kwok_node
+from .kube import kwok_node
 from .project import local_config, meaningful, planned_changes
-from .scenario_env import A, B, C, PILOT_STAGES, WORKERS, new_name
-from .test_migration_scenarios import _cli_processes
+from .scenario_env import A, B, C, PILOT_STAGES, WORKERS, interrupted_up, new_name
 
 GPU_FLAVOR = {"ibm-cloud.kubernetes.io/machine-type": "gx3.16x80.l4"}
 
@@ -60,22 +56,9 @@ def test_up_interrupted_after_the_new_worker_joined_resumes_and_ties_it_to_its_e
     but not yet tied to A's entry when the next `up` checks the inventory."""
     env.project.write_stack(env.config(PILOT_STAGES))
     stack = env.project.stack()
-    outcome: dict = {}
-
-    def run():
-        try:
-            outcome["result"] = stack.up(on_output=print)
-        except CommandError as e:
-            outcome["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    new = eventually(lambda: [n.metadata.name for n in env.core.list_node().items if n.metadata.name not in WORKERS],
-                     "A's new worker registered as a node", timeout=180, interval=0.05)
-    for pid in _cli_processes():
-        os.kill(pid, signal.SIGINT)
-    t.join(timeout=180)
-    assert not t.is_alive() and "error" in outcome, outcome
+    interrupted_up(stack, lambda: [n.metadata.name for n in env.core.list_node().items if n.metadata.name not in WORKERS],
+                   "A's new worker registered as a node")
+    new = [n.metadata.name for n in env.core.list_node().items if n.metadata.name not in WORKERS]
 
     lines: list[str] = []
     result = stack.up(on_output=lambda line: (lines.append(line), print(line)))

@@ -7,9 +7,8 @@ from pulumi.automation import CommandError
 from gpu_migration_local.gpu_doubles import gpu_uuid
 from preview_diff import preview
 
-from .kube import eventually
 from .project import by_symbol, meaningful, planned_changes
-from .scenario_env import A, B, C, PILOT, PILOT_STAGES, PLUGIN, new_name
+from .scenario_env import A, B, C, PILOT, PILOT_STAGES, PLUGIN, interrupted_up, new_name
 
 
 # 1 -----------------------------------------------------------------------------------------------------------------
@@ -140,50 +139,13 @@ def test_bad_config_fails_preview_naming_the_key_and_creates_nothing(env):
 
 
 # 5 -----------------------------------------------------------------------------------------------------------------
-def _cli_processes() -> list[int]:
-    """PIDs of `pulumi up` processes started by this test process (the Automation API's CLI)."""
-    import os
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            continue
-        if ppid == os.getpid() and argv and argv[0].endswith(b"/pulumi") and b"up" in argv:
-            pids.append(int(entry))
-    return pids
-
-
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
 def test_interrupted_up_during_a_replacement_converges_with_one_replacement_per_node(env, signal_name):
-    import os
-    import signal
-    import threading
-
     env.project.write_stack(env.config(PILOT_STAGES))
     stack = env.project.stack()
     env.iks.stick_new_workers = True  # the first replacement stays provisioning until we let it go
-    outcome: dict = {}
-
-    def run():
-        try:
-            outcome["result"] = stack.up(on_output=print)
-        except CommandError as e:
-            outcome["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    eventually(lambda: env.iks.count("POST", "/v2/vpc/replaceWorker") == 1, "the first replaceWorker", timeout=120)
-    pids = eventually(_cli_processes, "the pulumi up process")
-    for pid in pids:
-        os.kill(pid, getattr(signal, signal_name))
-    t.join(timeout=120)
-    assert not t.is_alive() and "error" in outcome, outcome
+    interrupted_up(stack, lambda: env.iks.count("POST", "/v2/vpc/replaceWorker") == 1, "the first replaceWorker",
+                   signal_name, timeout=120)
     env.iks.stuck.clear()
     env.iks.stick_new_workers = False
 
