@@ -16,6 +16,20 @@ def fresh_worker_claims(monkeypatch):
     monkeypatch.setattr(iks_providers, "CLAIMS", iks_providers.NewWorkerClaims())
 
 
+@pytest.fixture
+def kube():
+    """The Kubernetes API emulator (tests/emulators/kube.py) for the dynamic providers' unit tests."""
+    from tests.emulators.kube import KubeEmulator
+    emulator = KubeEmulator().start()
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture
+def kubeconfig(kube, tmp_path):
+    return kube.write_kubeconfig(tmp_path / "kubeconfig")
+
+
 def pytest_configure(config):
     config.real_engine_nodeids = set()  # tests that ran `pulumi` through the real CLI (tests/real/conftest.py)
 

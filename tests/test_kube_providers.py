@@ -11,25 +11,13 @@ from kubernetes.client.exceptions import ApiException
 
 from iks_gpu_migration import kube_checks, kube_providers, node_switch
 from iks_gpu_migration.kube_providers import VERIFICATION_ANNOTATION, CheckFailed
-from tests.emulators.kube import KubeEmulator
+
 
 DRIVER, ER, NS = "gpu.example.com", "example.com/gpu", "gpu-pilot"
 PILOT = "migration.example.com/gpu-dra=pilot"
 UUID0, UUID1 = "GPU-0a1b2c3d-0000-1111-2222-333344445555", "GPU-9f8e7d6c-0000-1111-2222-333344445555"
 FAST = {"timeout": 2, "poll_interval": 0.02}
 SHORT = {"timeout": 0.3, "poll_interval": 0.02}
-
-
-@pytest.fixture
-def kube():
-    emulator = KubeEmulator().start()
-    yield emulator
-    emulator.stop()
-
-
-@pytest.fixture
-def kubeconfig(kube, tmp_path):
-    return kube.write_kubeconfig(tmp_path / "kubeconfig")
 
 
 @pytest.fixture

@@ -6,23 +6,11 @@ from kubernetes import client
 
 from iks_gpu_migration import kube_providers, node_switch
 from iks_gpu_migration.kube_providers import CheckFailed
-from tests.emulators.kube import DEVICE_PLUGIN_LABEL, GpuNodeModel, KubeEmulator
+from tests.emulators.kube import DEVICE_PLUGIN_LABEL, GpuNodeModel
 
 PILOT = ("migration.example.com/gpu-dra", "pilot")
 GPU, DRIVER = "nvidia.com/gpu", "gpu.nvidia.com"
 UUID0 = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
-
-
-@pytest.fixture
-def kube():
-    emulator = KubeEmulator().start()
-    yield emulator
-    emulator.stop()
-
-
-@pytest.fixture
-def kubeconfig(kube, tmp_path):
-    return kube.write_kubeconfig(tmp_path / "kubeconfig")
 
 
 @pytest.fixture

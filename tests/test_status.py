@@ -8,7 +8,7 @@ import pytest
 from iks_gpu_migration import status
 from iks_gpu_migration.kube_providers import VERIFICATION_ANNOTATION
 from tests.emulators.http import LocalServer
-from tests.emulators.kube import KubeEmulator
+
 
 UUID0 = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
 STACK = (
@@ -25,13 +25,6 @@ OUTPUTS = {"node:n1": {"stage": "dra", "workerId": "w1", "replacedWorkerId": "w1
                        "smokeTest": "passed"},
            "node:n2": {"stage": "device-plugin", "workerId": "w2", "replacedWorkerId": "w2", "nodeName": "n2"},
            "node:n3": {"stage": "ibm-managed", "workerId": "w3"}}
-
-
-@pytest.fixture
-def kube():
-    emulator = KubeEmulator().start()
-    yield emulator
-    emulator.stop()
 
 
 @pytest.fixture
