@@ -16,7 +16,7 @@ from typing import Optional
 from kubernetes import client
 
 from .kubelet_logs import LogStore
-from .polling import PollingLoop
+from .polling import Polled
 
 
 GPU_PRESENT = "nvidia.com/gpu.present"
@@ -82,7 +82,7 @@ def _requests(pod: client.V1Pod, resource: str) -> int:
 
 
 @dataclass
-class GpuDoubles:
+class GpuDoubles(Polled):
     """Runs every double in one polling thread. `wipe_delay`: seconds before the kubelet wipes a departed DRA
     plugin's ResourceSlices (30 s in the kubelet, pkg/kubelet/cm/dra/manager.go; shorter here to keep tests quick)."""
     api_client: client.ApiClient
@@ -90,7 +90,6 @@ class GpuDoubles:
     operator_namespace: str = "gpu-operator"
     wipe_delay: float = 3.0
     interval: float = 0.25
-    _loop: Optional[PollingLoop] = None
     _plugin_gone_since: dict[str, float] = field(default_factory=dict)
     _prepared: set[str] = field(default_factory=set)
     _finished: set[str] = field(default_factory=set)
@@ -110,17 +109,8 @@ class GpuDoubles:
         self.custom = client.CustomObjectsApi(self.api_client)
 
     def start(self) -> "GpuDoubles":
-        self._loop = PollingLoop("gpu-doubles", self.reconcile, self.interval)
-        self._loop.start()
+        self._poll("gpu-doubles", self.reconcile)
         return self
-
-    def stop(self) -> None:
-        if self._loop:
-            self._loop.stop()
-
-    @property
-    def errors(self) -> list[str]:
-        return self._loop.errors if self._loop else []
 
     # One pass over the cluster; public so tests can step it deterministically.
     def reconcile(self) -> None:

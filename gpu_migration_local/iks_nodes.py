@@ -9,13 +9,13 @@ device plugin on them (the reason for this migration), so those nodes advertise 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from kubernetes import client
 
 from iks_gpu_migration.versions import version_at_least
 
-from .polling import PollingLoop
+from .polling import Polled
 from .gpu_doubles import GPU_PRESENT, GPUS_ANNOTATION, IBM_DRIVER_ANNOTATION
 
 WORKER_ID_LABEL = "ibm-cloud.kubernetes.io/worker-id"
@@ -62,27 +62,17 @@ def node_info(kubelet_version: str) -> dict:
 
 
 @dataclass
-class IksNodeSync:
+class IksNodeSync(Polled):
     """Polls the emulator's workers (in process) and keeps Nodes in step."""
     iks: Any  # tests.emulators.iks.IksEmulator
     api_client: client.ApiClient
     interval: float = 0.2
     gpus: int = 1
-    _loop: Optional[PollingLoop] = None
 
     def start(self) -> "IksNodeSync":
         self.core = client.CoreV1Api(self.api_client)
-        self._loop = PollingLoop("iks-nodes", self.sync, self.interval)
-        self._loop.start()
+        self._poll("iks-nodes", self.sync)
         return self
-
-    def stop(self) -> None:
-        if self._loop:
-            self._loop.stop()
-
-    @property
-    def errors(self) -> list[str]:
-        return self._loop.errors if self._loop else []
 
     def sync(self) -> None:
         with self.iks.lock:

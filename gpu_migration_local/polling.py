@@ -33,3 +33,21 @@ class PollingLoop:
                     self._log.warning("%s: %s", self.name, e)
                     self.errors.append(str(e))
             self._stop.wait(self.interval)
+
+
+class Polled:
+    """For a double that runs as a PollingLoop: `_poll(name, step)` starts it, `stop()` ends it, `errors` are its."""
+    _loop: Optional[PollingLoop] = None
+    interval: float
+
+    def _poll(self, name: str, step: Callable[[], None]) -> None:
+        self._loop = PollingLoop(name, step, self.interval)
+        self._loop.start()
+
+    def stop(self) -> None:
+        if self._loop:
+            self._loop.stop()
+
+    @property
+    def errors(self) -> list[str]:
+        return self._loop.errors if self._loop else []
