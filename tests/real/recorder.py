@@ -26,6 +26,7 @@ class NodeState:
     annotations: dict
     unschedulable: bool
     kubelet: str
+    allocatable: dict  # status.allocatable: what the device plugin offers shows here
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ def _node(event: str, n: client.V1Node) -> NodeState:
     info = n.status.node_info if n.status else None
     meta = n.metadata
     return NodeState(int(meta.resource_version), event, meta.name, dict(meta.labels or {}),
-                     dict(meta.annotations or {}), bool(n.spec.unschedulable), info.kubelet_version if info else "")
+                     dict(meta.annotations or {}), bool(n.spec.unschedulable), info.kubelet_version if info else "",
+                     dict((n.status.allocatable if n.status else None) or {}))
 
 
 def _pod(event: str, p: client.V1Pod) -> PodState:
@@ -119,6 +121,22 @@ class Recorder:
 
     def of_node(self, name: str) -> list[NodeState]:
         return [s for s in self.nodes if s.name == name]
+
+    def offers(self, node: str, resource: str) -> list[tuple[int, int, int]]:
+        """(rv, GPUs the device plugin offers as `resource`, ResourceSlices published for the node) after every
+        recorded change of the node or its slices, in order: the two paths' offers at each moment."""
+        changes = sorted([(s.rv, "node", s) for s in self.nodes if s.name == node]
+                         + [(s.rv, "slice", s) for s in self.slices if s.node == node], key=lambda c: c[0])
+        plugin, slices, out = 0, set(), []
+        for rv, kind, s in changes:
+            if kind == "node":
+                plugin = int(s.allocatable.get(resource, "0"))
+            elif s.event == "DELETED":
+                slices.discard(s.name)
+            else:
+                slices.add(s.name)
+            out.append((rv, plugin, len(slices)))
+        return out
 
     def __enter__(self) -> "Recorder":
         return self.start()

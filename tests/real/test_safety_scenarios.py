@@ -231,9 +231,9 @@ def test_operator_pods_on_an_ibm_managed_node_stop_up_naming_node_and_pods(env):
     assert {f"{A}-smoke-verification", "batch-1-dra-preflight"}.isdisjoint(started(events))
 
 
-def training_pod(node: str, seconds: int) -> dict:
+def training_pod(node: str, seconds: int, name: str = "training") -> dict:
     """A GPU workload the real scheduler places on `node` through whichever path offers nvidia.com/gpu there."""
-    return {"metadata": {"name": "training", "namespace": "ml"},
+    return {"metadata": {"name": name, "namespace": "ml"},
             "spec": {"restartPolicy": "Never", "nodeSelector": {"kubernetes.io/hostname": node},
                      "containers": [{"name": "train", "image": "nvcr.io/nvidia/cuda:12.9.1-base-ubi9",
                                      "command": ["sh", "-c", f"nvidia-smi -L && sleep {seconds}"],
@@ -294,3 +294,48 @@ def test_rollback_of_the_last_dra_node_goes_step_by_step_and_removes_the_dra_pat
     assert removed.isdisjoint(state)
     classes = env.cluster.doubles.custom.list_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses")["items"]
     assert [c["metadata"]["name"] for c in classes if c["spec"].get("extendedResourceName")] == []
+
+
+def test_no_gpu_is_offered_on_both_paths_during_a_switch_or_a_rollback_with_a_long_running_pod(env):
+    """Issue 9, point 5: a device-plugin pod holding B's GPU while B moves to DRA, then a DRA pod holding it while B
+    moves back. At no recorded moment does the node offer its GPU through the device plugin (allocatable) while it
+    has ResourceSlices, and the held GPU is offered on the other path only after its pod finished."""
+    first, _ = env.up(PILOT_STAGES)
+    new_b = new_name(first, B)
+    env.core.create_namespace({"metadata": {"name": "ml"}})
+
+    def running(name):
+        return eventually(lambda: (p := env.core.read_namespaced_pod(name, "ml")).status.phase == "Running" and p,
+                          f"pod ml/{name} running on {new_b}")
+
+    def succeeded_rv(rec, name):
+        done = [s.rv for s in rec.pod("ml", name) if s.phase == "Succeeded"]
+        assert done, f"pod ml/{name} still held its GPU when `up` ended: {rec.pod('ml', name)}"
+        return done[0]
+
+    def assert_one_path_at_a_time(offers):
+        both = [(rv, plugin, slices) for rv, plugin, slices in offers if plugin and slices]
+        assert not both, f"node {new_b} offered its GPU on both paths at (rv, plugin GPUs, slices): {both}"
+
+    # Forward: the real scheduler gives the pod B's GPU through the device plugin (no DRA claim).
+    env.core.create_namespaced_pod("ml", training_pod(new_b, 12, "on-plugin"))
+    assert running("on-plugin").status.extended_resource_claim_status is None
+    with Recorder(env.cluster.kubeconfig) as rec:
+        env.up({**PILOT_STAGES, B: "dra"})
+    offers = rec.offers(new_b, "nvidia.com/gpu")
+    assert offers[0][1:] == (1, 0) and offers[-1][1:] == (0, 1), offers  # from the plugin's GPU to one DRA slice
+    assert_one_path_at_a_time(offers)
+    published = next(rv for rv, _, slices in offers if slices)
+    # The GPU the pod held reappears as a DRA device only once the pod is done (else two pods could get it).
+    assert succeeded_rv(rec, "on-plugin") < published, (succeeded_rv(rec, "on-plugin"), published)
+
+    # Rollback: this time the pod holds the GPU through DRA (a claim the scheduler generated).
+    env.core.create_namespaced_pod("ml", training_pod(new_b, 12, "on-dra"))
+    assert running("on-dra").status.extended_resource_claim_status is not None
+    with Recorder(env.cluster.kubeconfig) as rec:
+        env.up(PILOT_STAGES)
+    offers = rec.offers(new_b, "nvidia.com/gpu")
+    assert offers[0][1:] == (0, 1) and offers[-1][1:] == (1, 0), offers
+    assert_one_path_at_a_time(offers)
+    plugin_back = next(rv for rv, plugin, _ in offers if plugin)
+    assert succeeded_rv(rec, "on-dra") < plugin_back, (succeeded_rv(rec, "on-dra"), plugin_back)
