@@ -1,6 +1,7 @@
 """The local demo: builds or finds the tools, starts the control plane, the IKS emulator and the GPU doubles, and runs
 the whole migration with the real `pulumi up` on the `local` stack (Pulumi.local.yaml). The cluster stays up for
-inspection until Ctrl-C.
+inspection until Ctrl-C. Every run starts afresh: the IKS emulator lives in this process, so an earlier run's cluster
+and stack state could not match it.
 
     venv/bin/python -m gpu_migration_local [up|preview] [--stack local]
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import pathlib
+import shutil
 import signal
 import sys
 import threading
@@ -53,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     print("building or finding the tools (tools/build; minutes when cold)...", flush=True)
     bin_dir = tools.bin_dir()
     print(f"tools: {tools.versions_line()} in {bin_dir}", flush=True)
+    for stale in (STATE / "cluster", STATE / "backend"):  # an earlier run's; see the module docstring
+        if stale.exists():
+            print(f"removing {stale} of an earlier run (a fresh IKS emulator starts with every run)", flush=True)
+            shutil.rmtree(stale)
     STATE.mkdir(exist_ok=True)
     cluster = LocalCluster(workdir=STATE / "cluster", keep_workdir=True)
     (STATE / "cluster").mkdir(parents=True, exist_ok=True)
