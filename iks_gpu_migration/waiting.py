@@ -1,4 +1,5 @@
 """Bounded polling shared by the dynamic providers: progress is logged, and a timeout names what was awaited."""
+import os
 import threading
 import time
 from typing import Callable, Optional, TypeVar
@@ -17,6 +18,15 @@ class Interrupted(KeyboardInterrupt):
     """The process is shutting down (e.g. `pulumi up` was cancelled) while a wait ran."""
 
 
+# The engine that started this provider process (the dynamic-provider host is the `pulumi` CLI's child). A SIGKILLed
+# CLI cannot interrupt its plugins; they are re-parented and would go on waiting and acting beside the next `up`.
+_ENGINE_PID = os.getppid()
+
+
+def engine_gone() -> bool:
+    return os.getppid() != _ENGINE_PID
+
+
 def shutting_down() -> bool:
     """True once the interpreter is shutting down. Dynamic providers run in gRPC worker threads; on cancellation the
     engine sends SIGINT to the provider process (pulumi sdk/go/common/resource/plugin/plugin.go: InterruptChildren,
@@ -24,14 +34,16 @@ def shutting_down() -> bool:
     for the workers. Waits notice this here and stop, so cleanup (e.g. deleting a check pod) still runs.
     CPython's threading._shutdown sets _SHUTTING_DOWN before it joins the worker threads (3.9+; the main thread
     only counts as stopped after that), hence the private flag, with the public signal as a fallback."""
-    return bool(getattr(threading, "_SHUTTING_DOWN", False)) or not threading.main_thread().is_alive()
+    return (bool(getattr(threading, "_SHUTTING_DOWN", False)) or not threading.main_thread().is_alive()
+            or engine_gone())
 
 
 def interruptible_sleep(seconds: float, slice_: float = 0.2) -> None:
     deadline = time.monotonic() + seconds
     while True:
         if shutting_down():
-            raise Interrupted("interrupted: the provider process is shutting down")
+            raise Interrupted("interrupted: the engine that started this provider is gone" if engine_gone()
+                              else "interrupted: the provider process is shutting down")
         left = deadline - time.monotonic()
         if left <= 0:
             return

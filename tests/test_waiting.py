@@ -36,3 +36,19 @@ def test_poll_errors_propagate():
 def test_optional_float():
     assert optional_float(None, 5) == 5.0 == optional_float("", 5)
     assert optional_float("2.5", 5) == 2.5
+
+
+def test_a_wait_stops_once_the_engine_that_started_the_provider_is_gone(monkeypatch):
+    # A SIGKILLed `pulumi` CLI leaves its provider host running, re-parented: it must stop, not act beside the next up.
+    from iks_gpu_migration import waiting
+    polls = []
+
+    def poll():
+        polls.append(1)
+        if len(polls) == 3:
+            monkeypatch.setattr(waiting.os, "getppid", lambda: waiting._ENGINE_PID + 1)
+        return False, None, "provisioning"
+
+    with pytest.raises(waiting.Interrupted, match="the engine that started this provider is gone"):
+        wait_for("worker w2", poll, timeout=5, interval=0.01, log=lambda _: None)
+    assert len(polls) == 3
