@@ -41,7 +41,8 @@ def preview_time(n: int, checkpoints: bool) -> dict:
         started = time.perf_counter()
         result = stack.preview(on_output=lambda line: None)
         wall = time.perf_counter() - started
-    return {"nodes": n, "checkpoints": checkpoints, "preview_wall_s": round(wall, 1), "planned": sum(result.change_summary.values())}
+    return {"nodes": n, "checkpoints": checkpoints, "preview_wall_s": round(wall, 1),
+            "planned": sum(result.change_summary.values())}
 
 
 def main() -> int:

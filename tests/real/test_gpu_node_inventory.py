@@ -56,9 +56,12 @@ def test_up_interrupted_after_the_new_worker_joined_resumes_and_ties_it_to_its_e
     but not yet tied to A's entry when the next `up` checks the inventory."""
     env.project.write_stack(env.config(PILOT_STAGES))
     stack = env.project.stack()
-    interrupted_up(stack, lambda: [n.metadata.name for n in env.core.list_node().items if n.metadata.name not in WORKERS],
-                   "A's new worker registered as a node")
-    new = [n.metadata.name for n in env.core.list_node().items if n.metadata.name not in WORKERS]
+
+    def new_nodes() -> list[str]:
+        return [n.metadata.name for n in env.core.list_node().items if n.metadata.name not in WORKERS]
+
+    interrupted_up(stack, new_nodes, "A's new worker registered as a node")
+    new = new_nodes()
 
     lines: list[str] = []
     result = stack.up(on_output=lambda line: (lines.append(line), print(line)))

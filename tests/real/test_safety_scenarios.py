@@ -327,7 +327,8 @@ def test_no_gpu_is_offered_on_both_paths_during_a_switch_or_a_rollback_with_a_lo
     assert_one_path_at_a_time(offers)
     published = next(rv for rv, _, slices in offers if slices)
     # The GPU the pod held reappears as a DRA device only once the pod is done (else two pods could get it).
-    assert succeeded_rv(rec, "on-plugin") < published, (succeeded_rv(rec, "on-plugin"), published)
+    finished = succeeded_rv(rec, "on-plugin")
+    assert finished < published, (finished, published)
 
     # Rollback: this time the pod holds the GPU through DRA (a claim the scheduler generated).
     env.core.create_namespaced_pod("ml", training_pod(new_b, 12, "on-dra"))
@@ -338,4 +339,5 @@ def test_no_gpu_is_offered_on_both_paths_during_a_switch_or_a_rollback_with_a_lo
     assert offers[0][1:] == (0, 1) and offers[-1][1:] == (1, 0), offers
     assert_one_path_at_a_time(offers)
     plugin_back = next(rv for rv, plugin, _ in offers if plugin)
-    assert succeeded_rv(rec, "on-dra") < plugin_back, (succeeded_rv(rec, "on-dra"), plugin_back)
+    finished = succeeded_rv(rec, "on-dra")
+    assert finished < plugin_back, (finished, plugin_back)
