@@ -1,11 +1,11 @@
 """Recovery after a killed `pulumi up` (SIGKILL, a lost terminal, a crashed machine).
 
-A killed update leaves "pending creates" in the state: resources whose create had started. The engine refuses the
-next `up` until they are resolved, and `pulumi refresh --clear-pending-creates` alone would drop a Helm release that
-was already installed, so the next `up` fails with Helm's "cannot re-use a name that is still in use". This command
-imports what exists (Kubernetes objects and Helm releases, whose IDs follow from their inputs) and clears the rest
-(this program's dynamic resources, whose create resumes from the real state of the worker or node). A Helm install
-killed half-way stays `pending-install` (Helm's release record, a Secret `sh.helm.release.v1.<name>.v<n>` labelled
+A killed update leaves "pending creates" in the state: resources whose create had started. The next `up` only warns
+and creates them again, so a Helm release the killed run had installed fails with Helm's "cannot re-use a name that is
+still in use". This command adopts what exists (Kubernetes objects and Helm releases, whose IDs follow from their
+inputs: they go into the state with that ID and a refresh reads them) and drops the rest (this program's dynamic
+resources, whose create resumes from the real state of the worker or node). A Helm install killed half-way stays
+`pending-install` (Helm's release record, a Secret `sh.helm.release.v1.<name>.v<n>` labelled
 `status=pending-install`; helm/helm pkg/storage/driver/secrets.go) and blocks every later install of that name: its
 record is removed, so the next `up` installs the release again and Helm adopts the objects it had already made
 (they carry its meta.helm.sh/release-name annotations; helm/helm pkg/action/validate.go). Run it only when
@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from typing import Any, Optional
 
 _K8S = "kubernetes:"
@@ -48,12 +50,32 @@ def pending_creates(deployment: dict[str, Any]) -> list[dict[str, Any]]:
     return [op["resource"] for op in deployment.get("pending_operations") or [] if op.get("type") == "creating"]
 
 
-def import_pending(pulumi: str, stack: str, ids: dict[str, str], env: Optional[dict]) -> tuple[bool, str]:
-    """Import pending creates {urn: id} in one refresh (a refresh settles every pending create at once, so they
-    can't be imported one by one); False and why if that failed."""
-    pairs = [a for urn, rid in ids.items() for a in ("--import-pending-creates", urn, "--import-pending-creates", rid)]
-    done = subprocess.run([pulumi, "refresh", "--stack", stack, "--yes", "--skip-preview", "--non-interactive",
-                           *pairs], capture_output=True, text=True, env=env)
+def adopt_pending(deployment: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:
+    """The deployment with the pending creates {urn: id} moved into its resources and every other pending operation
+    dropped (`pulumi stack import` drops them anyway, pkg/cmd/pulumi/stack/io.go; a refresh would drop all but the
+    creates). An adopted resource gets its ID and no outputs, so the refresh that follows reads it the way an import
+    does (pulumi-kubernetes provider/pkg/provider/provider.go and helm_release.go: Read with an empty old state takes
+    the object from its ID). Appended last, it follows everything it depends on, as the state's order requires.
+
+    Pulumi's own `refresh --import-pending-creates` can't do this: it rewrites the operation to `importing`, and the
+    3.274 engine keeps only pending *creates* from the base snapshot (pkg/backend/snapshot.go, `Snap`), so the
+    resource is dropped, never imported, and the next `up` installs the Helm release again ("cannot re-use a name
+    that is still in use")."""
+    resources = list(deployment.get("resources") or [])
+    resources += [{**r, "id": ids[r["urn"]], "outputs": {}} for r in pending_creates(deployment) if r["urn"] in ids]
+    return {**deployment, "resources": resources, "pending_operations": []}
+
+
+def import_state(pulumi: str, stack: str, deployment: dict[str, Any], env: Optional[dict]) -> tuple[bool, str]:
+    """`pulumi stack import` of `deployment` (the state edit Pulumi documents for pending operations); False and
+    why if the CLI refused it."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"version": 3, "deployment": deployment}, f)
+    try:
+        done = subprocess.run([pulumi, "stack", "import", "--stack", stack, "--file", f.name, "--non-interactive"],
+                              capture_output=True, text=True, env=env)
+    finally:
+        os.unlink(f.name)
     return done.returncode == 0, (done.stdout + done.stderr).strip()[-1500:]
 
 
@@ -66,7 +88,7 @@ def release_stuck_installs(kubeconfig: Optional[str], namespace: str, name: str,
         api.delete_namespaced_secret(secret.metadata.name, namespace)
         out(f"removed Helm record {namespace}/{secret.metadata.name} of the install of {name} that was killed "
             f"(pending-install); the next `up` installs {name} again")
-    return bool(api.list_namespaced_secret(namespace, label_selector=f"owner=helm,name={name}").items) is False
+    return not api.list_namespaced_secret(namespace, label_selector=f"owner=helm,name={name}").items
 
 
 def recover(stack: str, pulumi: str = "pulumi", env: Optional[dict] = None, out=print,
@@ -78,7 +100,9 @@ def recover(stack: str, pulumi: str = "pulumi", env: Optional[dict] = None, out=
     if exported.returncode != 0:
         out(f"error: pulumi stack export --stack {stack} failed: {exported.stderr.strip()}")
         return 1
-    pending = pending_creates(json.loads(exported.stdout).get("deployment") or {})
+    state = json.loads(exported.stdout)
+    deployment = state.get("deployment") or {}
+    pending = pending_creates(deployment)
     if not pending:
         out(f"stack {stack}: no pending creates; run `pulumi up --stack {stack}`")
         return 0
@@ -86,23 +110,25 @@ def recover(stack: str, pulumi: str = "pulumi", env: Optional[dict] = None, out=
     for r in pending:
         rid = provider_id(r)
         if not rid:
+            out(f"cleared {r['urn']}: its step resumes from the real state on the next `up`")
             continue
         if r.get("type") == "kubernetes:helm.sh/v3:Release":
             namespace, name = rid.split("/", 1)
             if release_stuck_installs(kubeconfig, namespace, name, out):
                 continue  # no release left to import: the next `up` installs it
         ids[r["urn"]] = rid
-    if ids:
-        ok, why = import_pending(pulumi, stack, ids, env)
-        for urn, rid in ids.items():
-            out(f"imported {urn} as {rid} (it was created before the update was killed)" if ok else
-                f"not imported {urn} as {rid}; it is cleared instead")
-        if not ok:
-            out(why)
-    cleared = subprocess.run([pulumi, "refresh", "--stack", stack, "--yes", "--skip-preview", "--non-interactive",
-                              "--clear-pending-creates"], capture_output=True, text=True, env=env)
-    if cleared.returncode != 0:
-        out(f"error: pulumi refresh --clear-pending-creates failed:\n{cleared.stdout[-2000:]}{cleared.stderr[-2000:]}")
+    ok, why = import_state(pulumi, stack, adopt_pending(deployment, ids), env)
+    if not ok:
+        out(f"error: pulumi stack import --stack {stack} refused the resolved state; nothing changed:\n{why}")
+        return 1
+    for urn, rid in ids.items():
+        out(f"adopted {urn} as {rid}; the refresh reads it (gone: the next `up` creates it)")
+    # The refresh reads every adopted resource from the cluster (one that was never made is dropped) and the rest of
+    # the stack from reality, as after any interruption.
+    refreshed = subprocess.run([pulumi, "refresh", "--stack", stack, "--yes", "--skip-preview", "--non-interactive"],
+                               capture_output=True, text=True, env=env)
+    if refreshed.returncode != 0:
+        out(f"error: pulumi refresh --stack {stack} failed:\n{refreshed.stdout[-2000:]}{refreshed.stderr[-2000:]}")
         return 1
     out(f"stack {stack}: pending creates resolved; run `pulumi up --stack {stack}` to continue")
     return 0

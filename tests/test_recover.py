@@ -1,6 +1,6 @@
-"""Recovery after a killed `up`: which pending creates are imported, under which ID (the real-engine scenario in
+"""Recovery after a killed `up`: which pending creates are adopted, under which ID (the real-engine scenario in
 tests/real/test_migration_scenarios.py runs the whole recovery)."""
-from iks_gpu_migration.recover import pending_creates, provider_id
+from iks_gpu_migration.recover import adopt_pending, pending_creates, provider_id
 
 
 def test_ids_follow_pulumi_kubernetes():
@@ -23,3 +23,17 @@ def test_only_pending_creates_are_resolved():
                                          {"type": "updating", "resource": {"urn": "b"}}]}
     assert [r["urn"] for r in pending_creates(deployment)] == ["a"]
     assert pending_creates({}) == []
+
+
+def test_adopted_creates_join_the_resources_last_with_their_id_and_the_rest_are_dropped():
+    deployment = {"manifest": {"m": 1},
+                  "resources": [{"urn": "provider", "id": "p"}],
+                  "pending_operations": [
+                      {"type": "creating", "resource": {"urn": "release", "inputs": {"name": "r"}}},
+                      {"type": "creating", "resource": {"urn": "replacement", "inputs": {}}},
+                      {"type": "updating", "resource": {"urn": "provider"}}]}
+    adopted = adopt_pending(deployment, {"release": "ns/r"})
+    assert adopted["resources"] == [{"urn": "provider", "id": "p"},
+                                    {"urn": "release", "inputs": {"name": "r"}, "id": "ns/r", "outputs": {}}]
+    assert adopted["pending_operations"] == [] and adopted["manifest"] == {"m": 1}
+    assert len(deployment["resources"]) == 1 and len(deployment["pending_operations"]) == 3  # input untouched

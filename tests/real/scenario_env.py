@@ -5,7 +5,7 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 from kubernetes import client
 from pulumi.automation import CommandError
@@ -79,9 +79,9 @@ def new_name(result, node: str) -> str:
     return result.outputs[f"node:{node}"].value["nodeName"]
 
 
-def cli_processes() -> list[int]:
-    """PIDs of `pulumi up` processes started by this test process (the Automation API's CLI)."""
-    pids = []
+def processes() -> dict[int, tuple[int, list[bytes]]]:
+    """{pid: (parent pid, argv)} of every process."""
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -92,15 +92,32 @@ def cli_processes() -> list[int]:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
         except OSError:
             continue
-        if ppid == os.getpid() and argv and argv[0].endswith(b"/pulumi") and b"up" in argv:
-            pids.append(int(entry))
-    return pids
+        found[int(entry)] = (ppid, argv)
+    return found
+
+
+def cli_processes() -> list[int]:
+    """PIDs of `pulumi up` processes started by this test process (the Automation API's CLI)."""
+    return [pid for pid, (ppid, argv) in processes().items()
+            if ppid == os.getpid() and argv and argv[0].endswith(b"/pulumi") and b"up" in argv]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (the CLI's language host and provider plugins)."""
+    table, found, frontier = processes(), [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, (ppid, _) in table.items() if ppid == parent]
+        found += children
+        frontier += children
+    return found
 
 
 def interrupted_up(stack, when: Callable[[], object], what: str, signal_name: str = "SIGINT",
-                   timeout: float = 180) -> CommandError:
+                   timeout: float = 180, plugins: Optional[list[int]] = None) -> CommandError:
     """Run `pulumi up` in the background, send `signal_name` to the CLI once `when()` is truthy, and return the
-    error the interrupted `up` ended with (it must end with one)."""
+    error the interrupted `up` ended with (it must end with one). `plugins` receives the PIDs of the CLI's plugin
+    processes at that moment (a SIGKILL leaves them running)."""
     outcome: dict = {}
 
     def run():
@@ -113,6 +130,8 @@ def interrupted_up(stack, when: Callable[[], object], what: str, signal_name: st
     t.start()
     eventually(when, what, timeout=timeout, interval=0.05)
     for pid in eventually(cli_processes, "the pulumi up process"):
+        if plugins is not None:
+            plugins += descendants(pid)
         os.kill(pid, getattr(signal, signal_name))
     t.join(timeout=timeout)
     assert not t.is_alive() and "error" in outcome, outcome

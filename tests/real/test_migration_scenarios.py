@@ -1,5 +1,8 @@
 """Whole-migration scenarios under the real Pulumi CLI and engine, against the local control plane (real scheduler,
 real DRA allocation, real controllers) and the IKS emulator. Each test gets its own cluster."""
+import contextlib
+import os
+import signal
 import time
 
 import pytest
@@ -146,8 +149,9 @@ def test_interrupted_up_during_a_replacement_converges_with_one_replacement_per_
     env.project.write_stack(env.config(PILOT_STAGES))
     stack = env.project.stack()
     env.iks.stick_new_workers = True  # the first replacement stays provisioning until we let it go
+    plugins: list[int] = []
     interrupted_up(stack, lambda: env.iks.count("POST", "/v2/vpc/replaceWorker") == 1, "the first replaceWorker",
-                   signal_name, timeout=120)
+                   signal_name, timeout=120, plugins=plugins)
     if signal_name == "SIGKILL":
         # The killed CLI's provider host lives on, orphaned; its waits notice the engine is gone and stop, so it
         # does nothing (here: no more polling of the stuck worker) while the next `up` resumes the replacement.
@@ -155,6 +159,10 @@ def test_interrupted_up_during_a_replacement_converges_with_one_replacement_per_
         calls = len(env.iks.requests)
         time.sleep(3)
         assert env.iks.requests[calls:] == [], "the killed CLI's provider host still works"
+        assert plugins, "the killed CLI had no plugin processes"
+        for pid in plugins:  # README: end the leftovers before `recover`
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     env.iks.stuck.clear()
     env.iks.stick_new_workers = False
 
