@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import tempfile
 from typing import Any, Optional
 
 _K8S = "kubernetes:"
@@ -66,16 +64,22 @@ def adopt_pending(deployment: dict[str, Any], ids: dict[str, str]) -> dict[str, 
     return {**deployment, "resources": resources, "pending_operations": []}
 
 
-def import_state(pulumi: str, stack: str, deployment: dict[str, Any], env: Optional[dict]) -> tuple[bool, str]:
-    """`pulumi stack import` of `deployment` (the state edit Pulumi documents for pending operations); False and
-    why if the CLI refused it."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"version": 3, "deployment": deployment}, f)
-    try:
-        done = subprocess.run([pulumi, "stack", "import", "--stack", stack, "--file", f.name, "--non-interactive"],
-                              capture_output=True, text=True, env=env)
-    finally:
-        os.unlink(f.name)
+class Cli:
+    """The `pulumi` CLI for one stack, run in the project's directory (`cwd`: the CLI reads Pulumi.yaml there and
+    writes the stack's settings file, Pulumi.<stack>.yaml, beside it)."""
+
+    def __init__(self, pulumi: str, stack: str, env: Optional[dict] = None, cwd: Optional[str] = None) -> None:
+        self.pulumi, self.stack, self.env, self.cwd = pulumi, stack, env, cwd
+
+    def run(self, *args: str, stdin: Optional[str] = None) -> subprocess.CompletedProcess:
+        return subprocess.run([self.pulumi, *args, "--stack", self.stack, "--non-interactive"], input=stdin,
+                              capture_output=True, text=True, env=self.env, cwd=self.cwd)
+
+
+def import_state(cli: Cli, deployment: dict[str, Any]) -> tuple[bool, str]:
+    """`pulumi stack import` of `deployment` (the state edit Pulumi documents for pending operations; read from
+    stdin, pkg/cmd/pulumi/stack/stack_import.go); False and why if the CLI refused it."""
+    done = cli.run("stack", "import", stdin=json.dumps({"version": 3, "deployment": deployment}))
     return done.returncode == 0, (done.stdout + done.stderr).strip()[-1500:]
 
 
@@ -92,16 +96,15 @@ def release_stuck_installs(kubeconfig: Optional[str], namespace: str, name: str,
 
 
 def recover(stack: str, pulumi: str = "pulumi", env: Optional[dict] = None, out=print,
-            kubeconfig: Optional[str] = None) -> int:
+            kubeconfig: Optional[str] = None, cwd: Optional[str] = None) -> int:
+    cli = Cli(pulumi, stack, env, cwd)
     # The killed CLI could not release its lock; with no update running, `pulumi cancel` removes it (a no-op else).
-    subprocess.run([pulumi, "cancel", "--stack", stack, "--yes", "--non-interactive"], capture_output=True,
-                   text=True, env=env)
-    exported = subprocess.run([pulumi, "stack", "export", "--stack", stack], capture_output=True, text=True, env=env)
+    cli.run("cancel", "--yes")
+    exported = cli.run("stack", "export")
     if exported.returncode != 0:
         out(f"error: pulumi stack export --stack {stack} failed: {exported.stderr.strip()}")
         return 1
-    state = json.loads(exported.stdout)
-    deployment = state.get("deployment") or {}
+    deployment = json.loads(exported.stdout).get("deployment") or {}
     pending = pending_creates(deployment)
     if not pending:
         out(f"stack {stack}: no pending creates; run `pulumi up --stack {stack}`")
@@ -117,7 +120,7 @@ def recover(stack: str, pulumi: str = "pulumi", env: Optional[dict] = None, out=
             if release_stuck_installs(kubeconfig, namespace, name, out):
                 continue  # no release left to import: the next `up` installs it
         ids[r["urn"]] = rid
-    ok, why = import_state(pulumi, stack, adopt_pending(deployment, ids), env)
+    ok, why = import_state(cli, adopt_pending(deployment, ids))
     if not ok:
         out(f"error: pulumi stack import --stack {stack} refused the resolved state; nothing changed:\n{why}")
         return 1
@@ -125,8 +128,7 @@ def recover(stack: str, pulumi: str = "pulumi", env: Optional[dict] = None, out=
         out(f"adopted {urn} as {rid}; the refresh reads it (gone: the next `up` creates it)")
     # The refresh reads every adopted resource from the cluster (one that was never made is dropped) and the rest of
     # the stack from reality, as after any interruption.
-    refreshed = subprocess.run([pulumi, "refresh", "--stack", stack, "--yes", "--skip-preview", "--non-interactive"],
-                               capture_output=True, text=True, env=env)
+    refreshed = cli.run("refresh", "--yes", "--skip-preview")
     if refreshed.returncode != 0:
         out(f"error: pulumi refresh --stack {stack} failed:\n{refreshed.stdout[-2000:]}{refreshed.stderr[-2000:]}")
         return 1

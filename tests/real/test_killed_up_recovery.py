@@ -83,7 +83,8 @@ def test_recover_adopts_what_a_killed_up_made_and_drops_what_it_did_not(cluster,
     assert len(stack.export_stack().deployment["pending_operations"]) == 4
 
     lines: list[str] = []
-    assert recover("recover", pulumi_cli, cli_env, out=lines.append, kubeconfig=str(cluster.kubeconfig)) == 0, lines
+    assert recover("recover", pulumi_cli, cli_env, out=lines.append, kubeconfig=str(cluster.kubeconfig),
+                   cwd=str(project.dir)) == 0, lines
     print("\n".join(lines))
     state = stack.export_stack().deployment
     assert not state.get("pending_operations")

@@ -172,7 +172,8 @@ def test_interrupted_up_during_a_replacement_converges_with_one_replacement_per_
     if signal_name == "SIGKILL":
         from iks_gpu_migration.recover import recover
         pulumi, cli_env = env.project.engine.cli()
-        assert recover("local", pulumi, cli_env, out=print, kubeconfig=str(env.cluster.kubeconfig)) == 0
+        assert recover("local", pulumi, cli_env, out=print, kubeconfig=str(env.cluster.kubeconfig),
+                       cwd=str(env.project.dir)) == 0
     result = stack.up(on_output=print)
     assert result.summary.result == "succeeded"
     # Exactly one replacement per migrated node.
