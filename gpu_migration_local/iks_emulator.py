@@ -1,6 +1,6 @@
 """A local IKS (VPC) + IAM API emulator: real HTTP on 127.0.0.1, state machines advanced per API request.
 
-Serves what iks_gpu_migration/iks_api.py calls, plus POST /identity/token. Every authenticated IKS request is one
+Serves what iks_gpu_migration/iks/api.py calls, plus POST /identity/token. Every authenticated IKS request is one
 "tick": provisioning workers, deleting workers, updating masters and deleting pools each finish after `steps`
 ticks (default 2), so tests with poll intervals of ~0.01 s run in milliseconds.
 
@@ -42,7 +42,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 import jwt
 
-from iks_gpu_migration.versions import version_key
+from iks_gpu_migration.common.versions import version_key
 from gpu_migration_local.http_server import LocalServer
 
 _JWT_KEY = "iks-emulator-signing-key-not-a-secret-000"

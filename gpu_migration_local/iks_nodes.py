@@ -13,7 +13,7 @@ from typing import Any
 
 from kubernetes import client
 
-from iks_gpu_migration.versions import version_at_least
+from iks_gpu_migration.common.versions import version_at_least
 
 from .polling import Polled
 from .gpu_doubles import GPU_PRESENT, GPUS_ANNOTATION, IBM_DRIVER_ANNOTATION

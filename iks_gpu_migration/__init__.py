@@ -1,1 +1,9 @@
-"""Components and dynamic providers of the gpu-migration program."""
+"""Migrates IKS GPU nodes from IBM-managed NVIDIA drivers to the GPU Operator, then to DRA-backed extended resources.
+
+Rooms, from the ground up: common/ (versions, names, bounded waits), config/ and plan/ (pure), kube/ and iks/ (dynamic
+resources acting on the cluster and on IKS), components/ (the Pulumi components and the declaration), cli/ (status,
+recover), program.py (the entry). docs/design.md has the map.
+"""
+from . import state_compat
+
+state_compat.install()  # before any unpickling: stacks of earlier releases name their providers by old module paths

@@ -10,10 +10,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 @pytest.fixture(autouse=True)
 def fresh_worker_claims(monkeypatch):
-    """Claims on new workers last as long as the provider process (iks_providers.NewWorkerClaims); the emulators
+    """Claims on new workers last as long as the provider process (NewWorkerClaims); the emulators
     reuse worker IDs from test to test, so each test starts with none."""
-    from iks_gpu_migration import iks_providers
-    monkeypatch.setattr(iks_providers, "CLAIMS", iks_providers.NewWorkerClaims())
+    from iks_gpu_migration.iks import claims
+    monkeypatch.setattr(claims, "CLAIMS", claims.NewWorkerClaims())
 
 
 @pytest.fixture

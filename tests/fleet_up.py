@@ -12,7 +12,7 @@ bounds concurrent provider operations the way the dynamic-provider host does (pu
 `futures.ThreadPoolExecutor(max_workers=4)`); None means unbounded.
 
 Each worker is alone in its pool unless `shared_pool`: then all are in one pool and zone, and the replacements of a
-batch tell their new workers apart by claiming them (iks_providers.NewWorkerClaims).
+batch tell their new workers apart by claiming them (NewWorkerClaims).
 """
 import copy
 import threading
@@ -24,9 +24,10 @@ from typing import Any, Callable, Optional
 from harness import RecordingMocks, Registered, run_program, stack_config, unwrap
 from pulumi.runtime.sync_await import _ensure_event_loop
 
-from iks_gpu_migration import capacity_gate, iks_providers
+from iks_gpu_migration.kube import capacity_gate
 from tests.emulators.iks import IksEmulator
 from tests.emulators.kube import KubeEmulator
+from iks_gpu_migration.iks.replacement import WorkerReplacementProvider
 
 GPU_LABELS = {"nvidia.com/gpu.present": "true"}
 GATE = "pulumi-python:dynamic/gpu-migration:CapacityGate"
@@ -114,7 +115,7 @@ class FleetMocks(RecordingMocks):
                 if props["node_name"] in self.fail:
                     self.iks.refuse_replace[props["worker_id"]] = (409, "injected: replacement refused")
                 self.iks.timeline.add("replace requested", props["node_name"], self.iks.unavailable())
-                outs = iks_providers.WorkerReplacementProvider().create({**props, "api": self.iks.api()}).outs
+                outs = WorkerReplacementProvider().create({**props, "api": self.iks.api()}).outs
             self.outputs[args.name] = outs
         finally:
             if self.host:

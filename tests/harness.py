@@ -10,7 +10,10 @@ import pulumi
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.rpc import _special_secret_sig as SECRET_SIG, _special_sig_key as SECRET_SIG_KEY
 
-from iks_gpu_migration import config, status
+from iks_gpu_migration import config
+from iks_gpu_migration.cli import status
+from iks_gpu_migration.components.migration import Declared, export
+from iks_gpu_migration.components import migration
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REPLACEMENT = "pulumi-python:dynamic/gpu-migration:WorkerReplacement"
@@ -77,7 +80,7 @@ class RecordingMonitor(MockMonitor):
 @dataclass
 class Run:
     registered: list[Registered]
-    declared: Any  # migration.Declared
+    declared: Any  # Declared
     dependencies: dict[str, set[str]]
     property_dependencies: dict[str, dict[str, set[str]]] = field(default_factory=dict)
 
@@ -136,13 +139,11 @@ def registered_by(declare: Callable[[], Any]) -> list[Registered]:
 def run_program(raw: dict[str, Any], secrets: Optional[dict[str, str]] = None, preview: bool = False,
                 mocks: Optional[RecordingMocks] = None) -> Run:
     """Declare the whole stack from `raw` config (camelCase keys) under mocks; config errors propagate."""
-    from iks_gpu_migration import migration  # imports the dynamic providers
-
     values = {**raw, **(secrets or {})}
 
-    def declare() -> "migration.Declared":
+    def declare() -> "Declared":
         declared = migration.declare(config.load())
-        migration.export(declared)
+        export(declared)
         return declared
 
     mocks, declared = run_declarations(

@@ -74,7 +74,7 @@ def _provider(inputs: dict):
 
 
 def _runs_every_up(inputs: dict) -> bool:
-    from iks_gpu_migration.kube_providers import _EveryUp
+    from iks_gpu_migration.kube.provider import _EveryUp
     return "__provider" in inputs and isinstance(_provider(inputs), _EveryUp)
 
 

@@ -11,14 +11,15 @@ import sys
 from concurrent import futures
 from pathlib import Path
 from threading import Event
+from iks_gpu_migration.kube.rollback import _RollbackVerificationProvider
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from iks_gpu_migration import kube_providers  # noqa: E402
+
 
 
 def create(kubeconfig: str) -> None:
-    kube_providers._RollbackVerificationProvider().create({
+    _RollbackVerificationProvider().create({
         "kubeconfig": kubeconfig, "node": "n1", "rolling_back": True, "extended_resource": "example.com/gpu",
         "image": "cuda", "namespace": "gpu-pilot", "timeout": 600, "poll_interval": 30})
 

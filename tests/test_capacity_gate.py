@@ -3,9 +3,10 @@ import time
 
 import pytest
 
-from iks_gpu_migration.capacity_gate import _CapacityGateProvider
-from iks_gpu_migration.kube_checks import CONFIG_NAME_ANNOTATION
-from iks_gpu_migration.kube_providers import CORDON_ANNOTATION, CheckFailed
+from iks_gpu_migration.kube.capacity_gate import _CapacityGateProvider
+from iks_gpu_migration.kube.records import CONFIG_NAME_ANNOTATION
+from iks_gpu_migration.kube.cordon import CORDON_ANNOTATION
+from iks_gpu_migration.kube.provider import CheckFailed
 from tests.emulators.kube import KubeEmulator
 
 GPU = {"nvidia.com/gpu.present": "true"}

@@ -1,7 +1,10 @@
 """Each Kubernetes component alone, under Pulumi mocks."""
 import pytest
 
-from iks_gpu_migration import charts, dra, node_labels, smoke_test
+from iks_gpu_migration.components import charts
+from iks_gpu_migration.components import dra_path as dra
+from iks_gpu_migration.kube import labels as node_labels
+from iks_gpu_migration.components import smoke_pod as smoke_test
 from iks_gpu_migration.config import ConfigError, HelmChart, SmokeTest
 from harness import registered_by
 

@@ -4,11 +4,15 @@ import socket
 
 import pytest
 
-from iks_gpu_migration import iks_providers as iks
-from iks_gpu_migration.iks_api import ClusterNotFound, IksApiError, IksClient
-from iks_gpu_migration.waiting import WaitTimeout
+
+from iks_gpu_migration.iks.api import ClusterNotFound, IksApiError, IksClient
+from iks_gpu_migration.common.waiting import WaitTimeout
 from tests.emulators.iks import IksEmulator
 from tests.test_iks_providers import live_workers, master_props, pool_props, replace, replacement_props
+from iks_gpu_migration.iks.master import MasterVersionProvider
+from iks_gpu_migration.iks.pool import TempGpuPoolProvider
+from iks_gpu_migration.iks.provider import ReplacementError
+from iks_gpu_migration.iks.replacement import WorkerReplacementProvider
 
 REPLACE = ("POST", "/v2/vpc/replaceWorker")
 PUT = ("PUT", "/v1/clusters/gpu-cluster")
@@ -61,8 +65,8 @@ def test_a_resumed_replacement_never_replaces_the_worker_it_created(emu):
 def test_kube_version_bump_replaces_the_current_worker_from_state_once(emu):
     configured = emu.add_worker()["id"]
     olds = replace(emu, configured)  # 1.36, recorded in state
-    iks.MasterVersionProvider().create(master_props(emu, "1.37"))
-    provider = iks.WorkerReplacementProvider()
+    MasterVersionProvider().create(master_props(emu, "1.37"))
+    provider = WorkerReplacementProvider()
     news = replacement_props(emu, configured, kube_version="1.37")  # the config still names the first worker
     assert provider.diff(configured, olds, news).replaces == []
     outs = provider.update(configured, olds, news).outs
@@ -73,8 +77,8 @@ def test_kube_version_bump_replaces_the_current_worker_from_state_once(emu):
 
 def test_interrupted_bump_resumes_from_state_without_a_second_replace(emu):
     olds = replace(emu, emu.add_worker()["id"])
-    iks.MasterVersionProvider().create(master_props(emu, "1.37"))
-    provider = iks.WorkerReplacementProvider()
+    MasterVersionProvider().create(master_props(emu, "1.37"))
+    provider = WorkerReplacementProvider()
     news = replacement_props(emu, olds["old_worker_id"], kube_version="1.37")
     emu.stick_new_workers = True
     with pytest.raises(WaitTimeout, match="resumes"):
@@ -86,16 +90,16 @@ def test_interrupted_bump_resumes_from_state_without_a_second_replace(emu):
 
 def test_bump_is_refused_while_the_master_is_below_the_target(emu):
     olds = replace(emu, emu.add_worker()["id"])
-    with pytest.raises(iks.ReplacementError, match=r"master of cluster gpu-cluster is at 1\.36\.1_1530, below "
+    with pytest.raises(ReplacementError, match=r"master of cluster gpu-cluster is at 1\.36\.1_1530, below "
                                                    r"kubeVersion 1\.37.*Nothing was replaced"):
-        iks.WorkerReplacementProvider().update("id", olds, replacement_props(emu, "x", kube_version="1.37"))
+        WorkerReplacementProvider().update("id", olds, replacement_props(emu, "x", kube_version="1.37"))
     assert emu.count(*REPLACE) == 1
 
 
 # 3. Deleted things stay readable ----------------------------------------------------------------------------------
 
 def test_removed_pool_and_its_workers_stay_readable_as_deleted(emu):
-    provider = iks.TempGpuPoolProvider()
+    provider = TempGpuPoolProvider()
     created = provider.create(pool_props(emu))
     provider.delete(created.id, created.outs)
     client = IksClient.from_api(emu.api())
@@ -107,7 +111,7 @@ def test_removed_pool_and_its_workers_stay_readable_as_deleted(emu):
 
 
 def test_pool_removal_waits_for_the_pool_and_its_workers(emu):
-    provider = iks.TempGpuPoolProvider()
+    provider = TempGpuPoolProvider()
     created = provider.create(pool_props(emu))
     emu.steps = 6  # workers take longer to delete than the pool request
     provider.delete(created.id, created.outs)
@@ -116,7 +120,7 @@ def test_pool_removal_waits_for_the_pool_and_its_workers(emu):
 
 
 def test_a_deleted_pool_is_never_adopted(emu):
-    provider = iks.TempGpuPoolProvider()
+    provider = TempGpuPoolProvider()
     first = provider.create(pool_props(emu))
     provider.delete(first.id, first.outs)
     second = provider.create(pool_props(emu))
@@ -125,7 +129,7 @@ def test_a_deleted_pool_is_never_adopted(emu):
 
 
 def test_a_pool_being_deleted_is_waited_for_then_created_again(emu):
-    provider = iks.TempGpuPoolProvider()
+    provider = TempGpuPoolProvider()
     first = provider.create(pool_props(emu))
     IksClient.from_api(emu.api()).remove_worker_pool("gpu-cluster", "gpu-migration-temp")  # someone removes it
     second = provider.create(pool_props(emu))
@@ -139,7 +143,7 @@ def test_a_pool_being_deleted_is_waited_for_then_created_again(emu):
 def test_a_failed_replacement_stops_at_once_with_iks_message(emu, state):
     old = emu.add_worker()["id"]
     emu.fail_new_workers = (state, "Insufficient capacity for flavor gx3.16x80.l4 in zone us-south-1.")
-    with pytest.raises(iks.ReplacementError) as raised:
+    with pytest.raises(ReplacementError) as raised:
         replace(emu, old, timeout=60)
     message = str(raised.value)
     assert state in message and "Insufficient capacity" in message and "ibmcloud ks worker replace" in message
@@ -161,7 +165,7 @@ def test_a_failed_sibling_is_never_taken_for_the_replacement(emu):
 def test_a_failed_temp_pool_worker_stops_at_once(emu):
     emu.fail_new_workers = ("provision_failed", "The subnet has no free IP addresses.")
     with pytest.raises(IksApiError, match=r"temporary pool gpu-migration-temp is provision_failed.*no free IP"):
-        iks.TempGpuPoolProvider().create(pool_props(emu, timeout=60))
+        TempGpuPoolProvider().create(pool_props(emu, timeout=60))
 
 
 # 5. Master states --------------------------------------------------------------------------------------------------
@@ -179,7 +183,7 @@ def test_a_failed_master_update_is_requested_again():
     emu = new_emulator("1.35.4_1540")
     emu.fail_master_update = True
     try:
-        outs = iks.MasterVersionProvider().create(master_props(emu)).outs
+        outs = MasterVersionProvider().create(master_props(emu)).outs
         assert outs["actual_version"] == "1.36.1_1530" and emu.count(*PUT) == 2
     finally:
         emu.stop()
@@ -189,7 +193,7 @@ def test_target_version_newer_at_rest_is_not_an_update_in_progress():
     emu = new_emulator("1.35.4_1540")
     emu.cluster["targetVersion"] = "1.36.1_1530"  # left over by a failed update; the master rests deployed
     try:
-        assert iks.MasterVersionProvider().create(master_props(emu)).outs["actual_version"] == "1.36.1_1530"
+        assert MasterVersionProvider().create(master_props(emu)).outs["actual_version"] == "1.36.1_1530"
         assert emu.count(*PUT) == 1
     finally:
         emu.stop()
@@ -206,7 +210,7 @@ def test_master_that_keeps_failing_stops_with_a_clear_error():
             return original(body)
         emu._update_master = always_failing
         with pytest.raises(IksApiError, match=r"requested 3 times and the master fell back to 1\.35\.4_1540"):
-            iks.MasterVersionProvider().create(master_props(emu))
+            MasterVersionProvider().create(master_props(emu))
         assert emu.count(*PUT) == 3
     finally:
         emu.stop()
@@ -217,7 +221,7 @@ def test_busy_master_is_waited_for_and_ef9cc_retried():
     try:
         emu.busy_master(6)  # e.g. a VPN configuration update: no PUT while masterStatus is not Ready
         emu.busy_on_update = 1  # and a CA rotation starts just before our PUT: 400 Ef9cc
-        outs = iks.MasterVersionProvider().create(master_props(emu)).outs
+        outs = MasterVersionProvider().create(master_props(emu)).outs
         assert outs["actual_version"] == "1.36.1_1530" and emu.count(*PUT) == 2
     finally:
         emu.stop()
@@ -240,7 +244,7 @@ def test_unknown_cluster_names_it_and_hints_account_and_resource_group(emu):
     with pytest.raises(ClusterNotFound, match=r"cluster gpu-clustr was not found.*G0004.*account and resource group"):
         replace(emu, "w1", cluster="gpu-clustr")
     with pytest.raises(ClusterNotFound):  # not mistaken for "the pool is gone"
-        iks.TempGpuPoolProvider().delete("p", pool_props(emu, cluster="gpu-clustr"))
+        TempGpuPoolProvider().delete("p", pool_props(emu, cluster="gpu-clustr"))
 
 
 # 7. Rebalancing off ----------------------------------------------------------------------------------------------
@@ -248,7 +252,7 @@ def test_unknown_cluster_names_it_and_hints_account_and_resource_group(emu):
 def test_rebalancing_off_is_detected_and_explained(emu):
     old = emu.add_worker()["id"]
     emu.rebalance = False
-    with pytest.raises(iks.ReplacementError, match=rf"worker {old} .* deleted and no new worker appeared in its pool "
+    with pytest.raises(ReplacementError, match=rf"worker {old} .* deleted and no new worker appeared in its pool "
                                                    r"gpu .*rebalancing.*ibmcloud ks worker-pool rebalance"):
         replace(emu, old, timeout=60, rebalance_timeout=0.1)
     assert emu.count(*REPLACE) == 1
@@ -258,7 +262,7 @@ def test_rebalancing_off_is_detected_and_explained(emu):
 
 def test_a_retried_create_pool_adopts_its_own_pool(emu):
     emu.answer_after_done(1, 503, path="/v2/vpc/createWorkerPool")  # created, but the answer is lost
-    result = iks.TempGpuPoolProvider().create(pool_props(emu))
+    result = TempGpuPoolProvider().create(pool_props(emu))
     assert emu.count("POST", "/v2/vpc/createWorkerPool") == 2  # the SDK's retry met "already exists"
     assert len(emu.pools) == 1 and result.id in emu.pools
 
@@ -295,7 +299,7 @@ def test_a_flapping_worker_counts_as_done_only_after_stable_readings(emu):
 
 def test_temp_pool_workers_must_be_stable(emu):
     emu.flap_new_workers = 4
-    result = iks.TempGpuPoolProvider().create(pool_props(emu))
+    result = TempGpuPoolProvider().create(pool_props(emu))
     assert not set(result.outs["worker_ids"]) & emu.flapping
 
 
@@ -304,7 +308,8 @@ def test_temp_pool_workers_must_be_stable(emu):
 def test_a_resumed_replacement_skips_workers_another_entry_recorded_on_its_node(emu, tmp_path):
     """A new provider process (the `up` after `pulumi refresh` found the worker replaced outside Pulumi) has no claims
     of its batch-mates; the config entry OperatorReadiness wrote on each replaced node tells them apart."""
-    from iks_gpu_migration.kube_checks import CONFIG_NAME_ANNOTATION, IKS_WORKER_ID_LABEL
+    from iks_gpu_migration.kube.records import CONFIG_NAME_ANNOTATION
+    from iks_gpu_migration.kube.inventory import IKS_WORKER_ID_LABEL
     from tests.emulators.kube import KubeEmulator
     recorded = emu.add_worker()  # its own replacement, recorded by the first run
     mate = emu.add_worker(version="1.36.1_1531")  # another entry's replaced worker, same pool and zone
@@ -316,14 +321,14 @@ def test_a_resumed_replacement_skips_workers_another_entry_recorded_on_its_node(
         for _ in range(4):
             emu.tick()
         (outside,) = [w["id"] for w in live_workers(emu) if w["id"] != mate["id"]]
-        with pytest.raises(iks.ReplacementError, match=rf"ambiguous \(.*{outside}.*\)"):
+        with pytest.raises(ReplacementError, match=rf"ambiguous \(.*{outside}.*\)"):
             replace(emu, recorded["id"], evict=settings)  # nothing recorded on the mate's node: refuses to guess
         node["metadata"]["annotations"] = {CONFIG_NAME_ANNOTATION: "10.240.0.12"}
         outs = replace(emu, recorded["id"], evict=settings)
         assert (outs["old_worker_id"], outs["new_worker_id"]) == (recorded["id"], outside)
         assert emu.replaced == [recorded["id"]]  # only the outside replace: none by the program
         node["metadata"]["annotations"] = {CONFIG_NAME_ANNOTATION: "10.240.0.9"}  # its own entry (node_name)
-        with pytest.raises(iks.ReplacementError, match="ambiguous"):
+        with pytest.raises(ReplacementError, match="ambiguous"):
             replace(emu, recorded["id"], evict=settings)
     finally:
         kube.stop()
@@ -339,7 +344,7 @@ def test_a_resumed_replacement_whose_new_worker_failed_stops_at_once_and_never_f
     for _ in range(4):
         emu.tick()
     (failed,) = [w["id"] for w in live_workers(emu)]
-    with pytest.raises(iks.ReplacementError) as raised:
+    with pytest.raises(ReplacementError) as raised:
         replace(emu, old, timeout=60, rebalance_timeout=60)
     message = str(raised.value)
     assert f"worker {failed}" in message and "provision_failed" in message and "Insufficient capacity" in message
@@ -353,7 +358,7 @@ def test_a_resumed_replacement_whose_new_worker_failed_stops_at_once_and_never_f
 def test_a_worker_that_failed_before_its_replacement_is_named_not_replaced(emu):
     worker = emu.add_worker()
     worker["lifecycle"].update(actualState="reloading_failed", message="Reload failed: disk not found.")
-    with pytest.raises(iks.ReplacementError) as raised:
+    with pytest.raises(ReplacementError) as raised:
         replace(emu, worker["id"], timeout=60)
     message = str(raised.value)
     assert f"worker {worker['id']} of cluster gpu-cluster is reloading_failed: IKS says: Reload failed" in message

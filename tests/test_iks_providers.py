@@ -15,10 +15,14 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import proto, rpc
 from pulumi.runtime.proto import provider_pb2_grpc
 
-from iks_gpu_migration import iks_providers as iks
-from iks_gpu_migration.iks_api import IksApiError, IksClient
-from iks_gpu_migration.waiting import WaitTimeout
+
+from iks_gpu_migration.iks.api import IksApiError, IksClient
+from iks_gpu_migration.common.waiting import WaitTimeout
 from tests.emulators.iks import IksEmulator
+from iks_gpu_migration.iks.master import MasterVersion, MasterVersionProvider
+from iks_gpu_migration.iks.pool import TempGpuPool, TempGpuPoolProvider
+from iks_gpu_migration.iks.provider import ReplacementError
+from iks_gpu_migration.iks.replacement import WorkerReplacement, WorkerReplacementProvider
 
 FAST = {"timeout": 5, "poll_interval": 0.01}
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -43,7 +47,7 @@ def pool_props(emu: IksEmulator, **overrides) -> dict:
 
 
 def replace(emu: IksEmulator, worker_id: str, **overrides) -> dict:
-    return iks.WorkerReplacementProvider().create(replacement_props(emu, worker_id, **overrides)).outs
+    return WorkerReplacementProvider().create(replacement_props(emu, worker_id, **overrides)).outs
 
 
 def live_workers(emu: IksEmulator) -> list[dict]:
@@ -59,7 +63,7 @@ def master_props(emu: IksEmulator, version: str = "1.36") -> dict:
 def test_master_is_updated_and_waited_for():
     emu = IksEmulator(master_version="1.35.4_1540").start()
     try:
-        result = iks.MasterVersionProvider().create(master_props(emu))
+        result = MasterVersionProvider().create(master_props(emu))
         assert result.outs["actual_version"] == "1.36.1_1530"
         assert emu.cluster["lifecycle"]["masterState"] == "deployed"
         assert emu.count("PUT", "/v1/clusters/gpu-cluster") == 1
@@ -71,7 +75,7 @@ def test_master_is_updated_and_waited_for():
 def test_master_is_updated_one_minor_version_at_a_time():
     emu = IksEmulator(master_version="1.35.4_1540").start()
     try:
-        result = iks.MasterVersionProvider().create(master_props(emu, version="1.37"))
+        result = MasterVersionProvider().create(master_props(emu, version="1.37"))
         assert result.outs["actual_version"] == "1.37.0_1501"
         assert emu.count("PUT", "/v1/clusters/gpu-cluster") == 2  # 1.36, then 1.37
     finally:
@@ -79,14 +83,14 @@ def test_master_is_updated_one_minor_version_at_a_time():
 
 
 def test_master_steps():
-    from iks_gpu_migration.versions import minor_steps
+    from iks_gpu_migration.common.versions import minor_steps
     assert minor_steps("1.35.4_1540", "1.37") == ["1.36", "1.37"]
     assert minor_steps("1.35.4_1540", "1.36") == ["1.36"]
     assert minor_steps("1.37.0_1501", "1.36") == [] == minor_steps("1.36.1_1530", "1.36")
 
 
 def test_master_at_target_is_not_updated(emu):
-    result = iks.MasterVersionProvider().create(master_props(emu))
+    result = MasterVersionProvider().create(master_props(emu))
     assert result.outs["actual_version"] == "1.36.1_1530"
     assert emu.count("PUT", "/v1/clusters/gpu-cluster") == 0
 
@@ -95,7 +99,7 @@ def test_master_update_in_progress_is_waited_for_not_requested_again():
     emu = IksEmulator(master_version="1.35.4_1540").start()
     try:
         IksClient.from_api(emu.api()).update_master("gpu-cluster", "1.36")  # an earlier, interrupted run
-        result = iks.MasterVersionProvider().create(master_props(emu))
+        result = MasterVersionProvider().create(master_props(emu))
         assert result.outs["actual_version"] == "1.36.1_1530"
         assert emu.count("PUT", "/v1/clusters/gpu-cluster") == 1
     finally:
@@ -107,7 +111,7 @@ def test_refused_master_update_names_cluster_and_api_message():
     emu.refuse_master_update = (409, "The cluster master is locked for maintenance.")
     try:
         with pytest.raises(IksApiError, match=r"master of cluster gpu-cluster to 1\.36.*HTTP 409.*locked"):
-            iks.MasterVersionProvider().create(master_props(emu, "1.36"))
+            MasterVersionProvider().create(master_props(emu, "1.36"))
     finally:
         emu.stop()
 
@@ -115,13 +119,13 @@ def test_refused_master_update_names_cluster_and_api_message():
 def test_unoffered_version_updates_nothing(emu):
     with pytest.raises(IksApiError, match=r"kubeVersion 1\.39: master of cluster gpu-cluster is at 1\.36\.1_1530 and "
                                           r"IKS offers no Kubernetes 1\.38, 1\.39 .*nothing was updated"):
-        iks.MasterVersionProvider().create(master_props(emu, "1.39"))
+        MasterVersionProvider().create(master_props(emu, "1.39"))
     assert emu.count("PUT", "/v1/clusters/gpu-cluster") == 0
 
 
 def test_master_version_change_is_an_update_cluster_change_a_replace():
     olds = {"cluster": "c", "version": "1.36"}
-    provider = iks.MasterVersionProvider()
+    provider = MasterVersionProvider()
     assert provider.diff("c", olds, {"cluster": "c", "version": "1.36"}).changes is False
     assert provider.diff("c", olds, {"cluster": "c", "version": "1.37"}).replaces == []
     assert provider.diff("c", olds, {"cluster": "c", "version": "1.37"}).changes is True
@@ -212,7 +216,7 @@ def test_api_key_falls_back_to_env_then_fails_clearly(emu, monkeypatch):
 def test_api_key_from_stack_config_via_configure(emu, monkeypatch):
     monkeypatch.delenv("IC_API_KEY", raising=False)
     emu.add_worker(version="1.36.1_1530", worker_id="w1")
-    provider = iks.WorkerReplacementProvider()
+    provider = WorkerReplacementProvider()
     config = pulumi.dynamic.Config({"gpu-migration:ibmApiKey": "test-api-key"}, "gpu-migration")
     provider.configure(pulumi.dynamic.ConfigureRequest(config))
     assert provider.create(replacement_props(emu, "w1", api=emu.api(api_key=None))).outs["new_worker_id"] == "w1"
@@ -263,7 +267,7 @@ def test_resume_after_the_replacement_finished_skips_other_nodes_workers(emu):
         emu.tick()  # the replacement finishes while no `pulumi up` is watching
     (new,) = [w for w in live_workers(emu) if w["id"] != sibling]
     assert new["lifecycle"]["actualState"] == "deployed"
-    with pytest.raises(iks.ReplacementError, match=rf"ambiguous \(.*{new['id']}.*\).*set workerId"):
+    with pytest.raises(ReplacementError, match=rf"ambiguous \(.*{new['id']}.*\).*set workerId"):
         replace(emu, old)  # without knowing the other nodes' workers it refuses to guess
     outs = replace(emu, old, other_worker_ids=[sibling])
     assert (outs["old_worker_id"], outs["new_worker_id"]) == (old, new["id"])
@@ -332,7 +336,7 @@ def test_already_migrated_worker_is_recorded_not_replaced(emu):
 
 def test_only_gpu_node_is_not_replaced_without_a_temp_pool(emu):
     old = emu.add_worker()["id"]
-    with pytest.raises(iks.ReplacementError, match=rf"worker {old} is the only GPU node .* enable "
+    with pytest.raises(ReplacementError, match=rf"worker {old} is the only GPU node .* enable "
                                                    r"gpu-migration:tempGpuPool .* Nothing was replaced"):
         replace(emu, old, single_gpu_node=True)
     assert emu.count("POST", "/v2/vpc/replaceWorker") == 0
@@ -341,14 +345,14 @@ def test_only_gpu_node_is_not_replaced_without_a_temp_pool(emu):
 
 
 def test_unknown_worker_is_an_error_naming_it(emu):
-    with pytest.raises(iks.ReplacementError, match=r"worker nope not found in cluster gpu-cluster"):
+    with pytest.raises(ReplacementError, match=r"worker nope not found in cluster gpu-cluster"):
         replace(emu, "nope")
 
 
 def test_diff_accepts_the_recorded_new_worker_id(emu):
     old = emu.add_worker()["id"]
     olds = replace(emu, old)
-    provider = iks.WorkerReplacementProvider()
+    provider = WorkerReplacementProvider()
     news = replacement_props(emu, olds["new_worker_id"], node_name=olds["node_name"])
     assert provider.diff(old, olds, news).changes is False
     assert provider.diff(old, olds, replacement_props(emu, old)).changes is False
@@ -362,7 +366,7 @@ def test_delete_is_a_no_op(emu):
     old = emu.add_worker()["id"]
     outs = replace(emu, old)
     before = len(emu.requests)
-    iks.WorkerReplacementProvider().delete(old, outs)
+    WorkerReplacementProvider().delete(old, outs)
     assert len(emu.requests) == before
     assert emu.workers[outs["new_worker_id"]]["lifecycle"]["actualState"] == "deployed"
 
@@ -371,7 +375,7 @@ def test_delete_is_a_no_op(emu):
 
 def test_temp_pool_is_created_ready_and_removed(emu, monkeypatch):
     monkeypatch.delenv("IC_API_KEY", raising=False)
-    provider = iks.TempGpuPoolProvider()
+    provider = TempGpuPoolProvider()
     # outputs hold no API key: delete gets it from the stack config the engine hands to `configure`
     provider.configure(pulumi.dynamic.ConfigureRequest(
         pulumi.dynamic.Config({"gpu-migration:ibmApiKey": "test-api-key"}, "gpu-migration")))
@@ -388,7 +392,7 @@ def test_temp_pool_is_created_ready_and_removed(emu, monkeypatch):
 def test_existing_temp_pool_is_adopted(emu):
     for _ in range(2):
         emu.add_worker(pool_name="gpu-migration-temp", version="1.36.1_1530")
-    result = iks.TempGpuPoolProvider().create(pool_props(emu))
+    result = TempGpuPoolProvider().create(pool_props(emu))
     assert emu.count("POST", "/v2/vpc/createWorkerPool") == 0
     assert sorted(result.outs["worker_ids"]) == sorted(emu.workers)
 
@@ -396,12 +400,12 @@ def test_existing_temp_pool_is_adopted(emu):
 def test_temp_pool_that_never_gets_ready_times_out_naming_it(emu):
     emu.stick_new_workers = True
     with pytest.raises(WaitTimeout, match=r"pool gpu-migration-temp.*0/2 ready.*provisioning"):
-        iks.TempGpuPoolProvider().create(pool_props(emu, timeout=0.2))
+        TempGpuPoolProvider().create(pool_props(emu, timeout=0.2))
 
 
 def test_temp_pool_shape_change_replaces_it_first(emu):
-    olds = iks.TempGpuPoolProvider().create(pool_props(emu)).outs
-    provider = iks.TempGpuPoolProvider()
+    olds = TempGpuPoolProvider().create(pool_props(emu)).outs
+    provider = TempGpuPoolProvider()
     assert provider.diff("p", olds, pool_props(emu, timeout=99)).changes is False
     diff = provider.diff("p", olds, pool_props(emu, flavor="gx3.24x120.l40s"))
     assert diff.replaces == ["flavor"] and diff.delete_before_replace is True
@@ -409,7 +413,7 @@ def test_temp_pool_shape_change_replaces_it_first(emu):
 
 def test_deleting_a_missing_pool_is_fine(emu, monkeypatch):
     monkeypatch.setenv("IC_API_KEY", "test-api-key")
-    iks.TempGpuPoolProvider().delete("gone", pool_props(emu, api=emu.api(api_key=None)))
+    TempGpuPoolProvider().delete("gone", pool_props(emu, api=emu.api(api_key=None)))
     assert emu.count("DELETE", "/v1/clusters/gpu-cluster/workerpools/gpu-migration-temp") == 0
 
 
@@ -436,19 +440,19 @@ def test_resources_declare_and_their_providers_serialize():
 
     @pulumi.runtime.test
     def program():
-        master = iks.MasterVersion("master-version", cluster="c", version="1.36", api=api)
-        worker = iks.WorkerReplacement("n1-replacement", cluster="c", worker_id="w1", node_name="10.0.0.1",
+        master = MasterVersion("master-version", cluster="c", version="1.36", api=api)
+        worker = WorkerReplacement("n1-replacement", cluster="c", worker_id="w1", node_name="10.0.0.1",
                                        kube_version="1.36", api=api, timeout=60, poll_interval=1,
                                        opts=pulumi.ResourceOptions(depends_on=[master]))
-        pool = iks.TempGpuPool("temp-gpu-pool", cluster="c", pool_name="p", flavor="f", zone="z", vpc_id="v",
+        pool = TempGpuPool("temp-gpu-pool", cluster="c", pool_name="p", flavor="f", zone="z", vpc_id="v",
                                subnet_id="s", size_per_zone=1, api=api)
         return pulumi.Output.all(worker.new_worker_id, worker.node_name, pool.pool_name, master.version).apply(
             lambda values: seen.update(outputs=values))
 
     program()
     assert seen["outputs"] == ["w1-new", "10.0.0.1", "p", "1.36"]
-    kinds = {"master-version": iks.MasterVersionProvider, "n1-replacement": iks.WorkerReplacementProvider,
-             "temp-gpu-pool": iks.TempGpuPoolProvider}
+    kinds = {"master-version": MasterVersionProvider, "n1-replacement": WorkerReplacementProvider,
+             "temp-gpu-pool": TempGpuPoolProvider}
     for name, kind in kinds.items():
         serialized = mocks.inputs[name]["__provider"]
         if isinstance(serialized, dict):  # a secret, as the SDK always marks the serialized provider
@@ -459,8 +463,8 @@ def test_resources_declare_and_their_providers_serialize():
 
 
 def test_version_and_readiness_helpers():
-    from iks_gpu_migration.iks_api import is_ready
-    from iks_gpu_migration.versions import version_at_least
+    from iks_gpu_migration.iks.workers import is_ready
+    from iks_gpu_migration.common.versions import version_at_least
     assert version_at_least("1.36.1_1530", "1.36") and version_at_least("1.37.0_1501", "1.36")
     assert not version_at_least("1.35.4_1540", "1.36") and not version_at_least("", "1.36")
     assert not version_at_least("1.36.1_1530", "1.36.2")
@@ -483,7 +487,7 @@ def test_create_in_the_real_dynamic_provider_host_with_the_key_from_stack_config
         stub = provider_pb2_grpc.ResourceProviderStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
         old = emu.add_worker()["id"]
         props = {**replacement_props(emu, old, api=emu.api(api_key=None)), "other_worker_ids": [],
-                 "__provider": serialize_provider(iks.WorkerReplacementProvider())}
+                 "__provider": serialize_provider(WorkerReplacementProvider())}
         config = {"gpu-migration:ibmApiKey": "test-api-key"}
         stub.Configure(proto.ConfigureRequest(args=asyncio.run(rpc.serialize_properties(config, {}))), timeout=10)
         response = stub.Create(proto.CreateRequest(

@@ -9,8 +9,25 @@ import pytest
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from iks_gpu_migration import kube_checks, kube_providers, node_switch
-from iks_gpu_migration.kube_providers import VERIFICATION_ANNOTATION, CheckFailed
+
+from iks_gpu_migration.kube.records import VERIFICATION_ANNOTATION
+from iks_gpu_migration.kube.provider import CheckFailed
+from iks_gpu_migration.common.waiting import Interrupted
+from iks_gpu_migration.kube.cordon import CORDON_ANNOTATION
+from iks_gpu_migration.kube.fence import _NodeFenceProvider
+from iks_gpu_migration.kube.inventory import GpuNodeInventory, _GpuNodeInventoryProvider
+from iks_gpu_migration.kube.operands import OperandPlacement, PendingGpuPods, _OperandPlacementProvider, _PendingGpuPodsProvider
+from iks_gpu_migration.kube.preflight import DraPreflight, _DraPreflightProvider
+from iks_gpu_migration.kube.readiness import OperatorReadiness, _OperatorReadinessProvider, operator_ready
+from iks_gpu_migration.kube.records import CONFIG_NAME_ANNOTATION
+from iks_gpu_migration.kube.rollback import NodeDrain, ROLLBACK_NODE_LABEL, RollbackVerification, _NodeDrainProvider, _RollbackVerificationProvider
+from iks_gpu_migration.kube.smoke import SmokeTestVerification, _SmokeTestVerificationProvider
+from iks_gpu_migration.kube.smoke_criteria import verify_smoke
+from iks_gpu_migration.kube.switch import NodePathSwitch
+from kubernetes import client
+from iks_gpu_migration.kube import cluster
+from iks_gpu_migration.kube import inventory as kube_inventory
+from iks_gpu_migration.kube import preflight as kube_preflight
 
 
 DRIVER, ER, NS = "gpu.example.com", "example.com/gpu", "gpu-pilot"
@@ -43,14 +60,14 @@ def dra_cluster(kube):
 
 
 def preflight(api, dra_nodes=("n1",)):
-    return kube_checks.preflight(api, DRIVER, ER, list(dra_nodes), ["n1", "n2"])
+    return kube_preflight.preflight(api, DRIVER, ER, list(dra_nodes), ["n1", "n2"])
 
 
 def test_preflight_waits_for_slices_then_passes(kube, kubeconfig):
     kube.add_node("n1")
     kube.add_node("n2", allocatable={"nvidia.com/gpu": "1"})
     kube.after(2, "resourceslices", lambda: kube.add_slice("n1", DRIVER, {"gpu-0": UUID0}))
-    outs = create(kube_providers._DraPreflightProvider(), kubeconfig, driver=DRIVER, extended_resource=ER,
+    outs = create(_DraPreflightProvider(), kubeconfig, driver=DRIVER, extended_resource=ER,
                   dra_nodes=["n1"], all_nodes=["n1", "n2"], **FAST)
     assert outs["checked_nodes"] == ["n1"]
     assert sum(1 for _, p in kube.requests if "resourceslices" in p) == 3  # it polled until the slice appeared
@@ -70,14 +87,14 @@ def test_preflight_refuses_a_second_device_class_for_the_extended_resource(dra_c
     dra_cluster.add_device_class("example.com-gpu", ER)
     dra_cluster.add_device_class("gpu.nvidia.com", ER)  # e.g. the chart's class (25.12+ maps nvidia.com/gpu)
     dra_cluster.add_device_class("mig.nvidia.com", None)
-    problems = kube_checks.preflight(api, DRIVER, ER, ["n1"], ["n1", "n2"], device_class="example.com-gpu")
+    problems = kube_preflight.preflight(api, DRIVER, ER, ["n1"], ["n1", "n2"], device_class="example.com-gpu")
     assert problems == ["DeviceClass gpu.nvidia.com also maps extended resource example.com/gpu (the later-created "
                         "class wins); delete it, or let example.com-gpu be the only one"]
 
 
 def test_preflight_fails_listing_dra_node_without_slices(dra_cluster, kubeconfig):
     with pytest.raises(CheckFailed) as e:
-        create(kube_providers._DraPreflightProvider(), kubeconfig, driver=DRIVER, extended_resource=ER,
+        create(_DraPreflightProvider(), kubeconfig, driver=DRIVER, extended_resource=ER,
                dra_nodes=["n1", "n2"], all_nodes=["n1", "n2"], **SHORT)
     assert "node n2: no ResourceSlice devices of driver gpu.example.com (stage dra)" in str(e.value)
     assert "node n1" not in str(e.value)
@@ -121,7 +138,7 @@ def smoke(dra_cluster):
 
 
 def verify(api, dra_namespace=None):
-    return kube_checks.verify_smoke(api, NS, "gpu-smoke-n1", "n1", DRIVER, ER, dra_namespace)
+    return verify_smoke(api, NS, "gpu-smoke-n1", "n1", DRIVER, ER, dra_namespace)
 
 
 @pytest.mark.parametrize("line", [
@@ -144,7 +161,7 @@ def test_smoke_criterion_2_needs_the_kubelet_plugin_log_line(smoke, kube, api, l
 
 
 def verification(kubeconfig, pod, **timing):
-    return create(kube_providers._SmokeTestVerificationProvider(), kubeconfig, namespace=NS, pod_name="gpu-smoke-n1",
+    return create(_SmokeTestVerificationProvider(), kubeconfig, namespace=NS, pod_name="gpu-smoke-n1",
                   pod_uid=pod["metadata"]["uid"], node="n1", driver=DRIVER, extended_resource=ER,
                   **(timing or FAST))
 
@@ -289,15 +306,15 @@ def test_a_re_created_smoke_pod_that_fails_again_is_replaced_again(smoke, kube, 
 
 def test_smoke_pass_with_a_failing_uncordon_says_what_to_do(smoke, kube, kubeconfig, monkeypatch):
     kube.nodes["n1"]["spec"]["unschedulable"] = True
-    kube.nodes["n1"]["metadata"]["annotations"] = {kube_providers.CORDON_ANNOTATION: "dra"}
-    real = kube_providers.client.CoreV1Api.patch_node
+    kube.nodes["n1"]["metadata"]["annotations"] = {CORDON_ANNOTATION: "dra"}
+    real = client.CoreV1Api.patch_node
 
     def refuse_uncordon(self, name, body, **kwargs):
         if "spec" in body:
             raise ApiException(status=403, reason="Forbidden")
         return real(self, name, body, **kwargs)
 
-    monkeypatch.setattr(kube_providers.client.CoreV1Api, "patch_node", refuse_uncordon)
+    monkeypatch.setattr(client.CoreV1Api, "patch_node", refuse_uncordon)
     with pytest.raises(CheckFailed) as e:
         verification(kubeconfig, smoke)
     message = str(e.value)
@@ -308,7 +325,7 @@ def test_smoke_pass_with_a_failing_uncordon_says_what_to_do(smoke, kube, kubecon
 
 def test_smoke_pass_uncordons_only_a_node_the_switch_cordoned(smoke, kube, kubeconfig):
     kube.nodes["n1"]["spec"]["unschedulable"] = True
-    kube.nodes["n1"]["metadata"]["annotations"] = {kube_providers.CORDON_ANNOTATION: "dra"}
+    kube.nodes["n1"]["metadata"]["annotations"] = {CORDON_ANNOTATION: "dra"}
     assert verification(kubeconfig, smoke)["result"].endswith("node n1 uncordoned")
     assert "unschedulable" not in kube.nodes["n1"]["spec"]
     kube.nodes["n1"]["spec"]["unschedulable"] = True  # an admin's cordon: left alone
@@ -320,7 +337,7 @@ def failing_patch_node(monkeypatch):
     """The API server refuses the annotation patch (e.g. RBAC without patch on nodes)."""
     def refuse(self, name, body, **kwargs):
         raise ApiException(status=403, reason="Forbidden")
-    monkeypatch.setattr(kube_providers.client.CoreV1Api, "patch_node", refuse)
+    monkeypatch.setattr(client.CoreV1Api, "patch_node", refuse)
 
 
 def test_failing_to_record_does_not_hide_the_smoke_failure(smoke, kube, kubeconfig, monkeypatch):
@@ -343,7 +360,7 @@ def test_smoke_verification_waits_for_the_expected_pod_uid(smoke, kubeconfig):
 
 
 def test_smoke_verification_reruns_only_when_the_pod_changes():
-    provider = kube_providers._SmokeTestVerificationProvider()
+    provider = _SmokeTestVerificationProvider()
     olds = {"pod_uid": "a", "node": "n1", "timeout": 600, "result": "passed"}
     assert provider.diff("id", olds, {"pod_uid": "b", "node": "n1", "timeout": 600}).replaces == ["pod_uid"]
     timeout_only = provider.diff("id", olds, {"pod_uid": "a", "node": "n1", "timeout": 60})
@@ -364,20 +381,20 @@ def operator(dra_cluster):
 
 
 def test_operator_ready_on_both_paths(operator, api):
-    assert kube_checks.operator_ready(api, "n2", "gpu-operator", "device-plugin") == []
-    assert kube_checks.operator_ready(api, "n1", "gpu-operator", "dra", DRIVER) == []
+    assert operator_ready(api, "n2", "gpu-operator", "device-plugin") == []
+    assert operator_ready(api, "n1", "gpu-operator", "dra", DRIVER) == []
 
 
 def test_operator_not_ready_lists_pods_and_gpus(operator, api):
     operator.add_pod("gpu-operator", "nvidia-device-plugin-daemonset-n2", node="n2", waiting="CrashLoopBackOff")
     operator.nodes["n2"]["status"]["allocatable"]["nvidia.com/gpu"] = "0"
-    assert kube_checks.operator_ready(api, "n2", "gpu-operator", "device-plugin") == [
+    assert operator_ready(api, "n2", "gpu-operator", "device-plugin") == [
         "node n2: pod gpu-operator/nvidia-device-plugin-daemonset-n2 is Running (main: CrashLoopBackOff)",
         "node n2: nvidia.com/gpu allocatable is 0 (device plugin not serving)"]
     operator.slices.clear()
-    assert kube_checks.operator_ready(api, "n1", "gpu-operator", "dra", DRIVER) == [
+    assert operator_ready(api, "n1", "gpu-operator", "dra", DRIVER) == [
         "node n1: no DRA devices in ResourceSlices of driver gpu.example.com"]
-    assert kube_checks.operator_ready(api, "n3", "gpu-operator", "dra")[0] == (
+    assert operator_ready(api, "n3", "gpu-operator", "dra")[0] == (
         "node n3: no nvidia-driver-daemonset pod in namespace gpu-operator")
 
 
@@ -385,34 +402,34 @@ def test_dra_readiness_checks_named_operands_not_the_looping_validator(operator,
     # The validator's plugin-validation init container waits for nvidia.com/gpu capacity, which a dra node never
     # gets: it loops there. It must not block readiness; the DRA kubelet plugin pod must be Ready.
     operator.add_pod("gpu-operator", "nvidia-operator-validator-n1", node="n1", phase="Pending", waiting="PodInitializing")
-    assert kube_checks.operator_ready(api, "n1", "gpu-operator", "dra", DRIVER, dra_namespace="dra") == [
+    assert operator_ready(api, "n1", "gpu-operator", "dra", DRIVER, dra_namespace="dra") == [
         "node n1: no DRA kubelet plugin pod in namespace dra"]
     plugin = operator.add_pod("dra", "nvidia-dra-driver-gpu-kubelet-plugin-x1", node="n1", ready=False,
                               waiting="ContainerCreating")
-    assert kube_checks.operator_ready(api, "n1", "gpu-operator", "dra", DRIVER, dra_namespace="dra") == [
+    assert operator_ready(api, "n1", "gpu-operator", "dra", DRIVER, dra_namespace="dra") == [
         "node n1: pod dra/nvidia-dra-driver-gpu-kubelet-plugin-x1 is Running (main: ContainerCreating)"]
     plugin["status"]["containerStatuses"][0].update(ready=True, state={"running": {}})
     operator.pods[("gpu-operator", "nvidia-container-toolkit-daemonset-n1")]["status"]["phase"] = "Pending"
-    assert kube_checks.operator_ready(api, "n1", "gpu-operator", "dra", DRIVER, dra_namespace="dra") == [
+    assert operator_ready(api, "n1", "gpu-operator", "dra", DRIVER, dra_namespace="dra") == [
         "node n1: pod gpu-operator/nvidia-container-toolkit-daemonset-n1 is Pending"]
 
 
 def test_operator_ready_checks_the_device_plugin_resource_name(operator, api):
-    assert kube_checks.operator_ready(api, "n2", "gpu-operator", "device-plugin", resource="example.com/gpu") == [
+    assert operator_ready(api, "n2", "gpu-operator", "device-plugin", resource="example.com/gpu") == [
         "node n2: example.com/gpu allocatable is 0 (device plugin not serving)"]
     operator.nodes["n2"]["status"]["allocatable"]["example.com/gpu"] = "2"
-    assert kube_checks.operator_ready(api, "n2", "gpu-operator", "device-plugin", resource="example.com/gpu") == []
+    assert operator_ready(api, "n2", "gpu-operator", "device-plugin", resource="example.com/gpu") == []
 
 
 def test_preflight_sees_double_offering_under_the_device_plugin_resource_name(dra_cluster, api):
     dra_cluster.nodes["n1"]["status"]["allocatable"]["vendor.example/gpu"] = "1"
-    assert kube_checks.preflight(api, DRIVER, ER, ["n1"], ["n1", "n2"]) == []
-    problems = kube_checks.preflight(api, DRIVER, ER, ["n1"], ["n1", "n2"], device_plugin_resource="vendor.example/gpu")
+    assert kube_preflight.preflight(api, DRIVER, ER, ["n1"], ["n1", "n2"]) == []
+    problems = kube_preflight.preflight(api, DRIVER, ER, ["n1"], ["n1", "n2"], device_plugin_resource="vendor.example/gpu")
     assert problems and "GPUs offered twice" in problems[0] and "vendor.example/gpu" in problems[0]
 
 
 def test_operator_readiness_provider_waits_then_fails_with_problems(operator, kube, kubeconfig):
-    provider = kube_providers._OperatorReadinessProvider()
+    provider = _OperatorReadinessProvider()
     driver_pod = operator.pods[("gpu-operator", "nvidia-driver-daemonset-n2")]
     driver_pod["status"]["phase"] = "Pending"
     kube.after(2, "gpu-operator/pods", lambda: driver_pod["status"].update(phase="Running"))
@@ -427,7 +444,7 @@ def test_operator_readiness_provider_waits_then_fails_with_problems(operator, ku
 
 
 def drain(kubeconfig, **timing):
-    return create(kube_providers._NodeDrainProvider(), kubeconfig, node="n1", pilot_label=PILOT, extended_resource=ER,
+    return create(_NodeDrainProvider(), kubeconfig, node="n1", pilot_label=PILOT, extended_resource=ER,
                   **(timing or FAST))
 
 
@@ -452,7 +469,7 @@ def test_drain_waits_for_pods_with_resource_claims_and_times_out_naming_them(dra
     kube.add_pod("ml", "training", node="n1", requests={ER: "1"})
     claimed = kube.add_pod("ml", "inference", node="n1")
     claimed["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "inference-gpu"}]
-    with pytest.raises(kube_providers.CheckFailed) as e:
+    with pytest.raises(CheckFailed) as e:
         drain(kubeconfig, **SHORT)
     assert "waiting for GPU pods on node n1 to finish" in str(e.value)
     assert "GPU pods still running: ml/inference, ml/training" in str(e.value)
@@ -464,7 +481,7 @@ def test_api_error_during_the_drain_wait_still_says_the_node_is_left_cordoned(dr
                                                                               monkeypatch):
     kube.add_pod("ml", "training", node="n1", requests={ER: "1"})
     calls = []
-    real = kube_checks.gpu_pods
+    real = cluster.gpu_pods
 
     def flaky(*args):
         calls.append(args)
@@ -472,7 +489,7 @@ def test_api_error_during_the_drain_wait_still_says_the_node_is_left_cordoned(dr
             raise ApiException(status=500, reason="Internal Server Error")
         return real(*args)
 
-    monkeypatch.setattr(kube_checks, "gpu_pods", flaky)
+    monkeypatch.setattr(cluster, "gpu_pods", flaky)
     with pytest.raises(CheckFailed) as e:
         drain(kubeconfig)
     message = str(e.value)
@@ -482,7 +499,7 @@ def test_api_error_during_the_drain_wait_still_says_the_node_is_left_cordoned(dr
 
 
 def rollback(kubeconfig, rolling_back=True, **timing):
-    return create(kube_providers._RollbackVerificationProvider(), kubeconfig, node="n1", rolling_back=rolling_back,
+    return create(_RollbackVerificationProvider(), kubeconfig, node="n1", rolling_back=rolling_back,
                   extended_resource=ER, image="nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04", namespace=NS,
                   **(timing or FAST))
 
@@ -493,7 +510,7 @@ FENCE = {"nvidia.com/gpu.deploy.operands": "false", "nvidia.com/gpu.deploy.drive
 
 
 def fence(kubeconfig, node):
-    return create(kube_providers._NodeFenceProvider(), kubeconfig, node=node, labels=FENCE,
+    return create(_NodeFenceProvider(), kubeconfig, node=node, labels=FENCE,
                   operator_min_version="1.36")
 
 
@@ -511,12 +528,12 @@ def test_fence_of_an_ibm_managed_node_refuses_a_replaced_or_missing_node(kube, k
     kube.add_node("old", kubelet_version="v1.35.4+IKS")
     kube.add_node("new", kubelet_version="v1.37.0+IKS")
     ibm = dict(labels=FENCE, operator_min_version="1.36", stage="ibm-managed")
-    assert create(kube_providers._NodeFenceProvider(), kubeconfig, node="old", **ibm)["fenced"] is True
+    assert create(_NodeFenceProvider(), kubeconfig, node="old", **ibm)["fenced"] is True
     with pytest.raises(CheckFailed, match="node new is set to stage ibm-managed but runs kubelet v1.37.0"):
-        create(kube_providers._NodeFenceProvider(), kubeconfig, node="new", **ibm)
+        create(_NodeFenceProvider(), kubeconfig, node="new", **ibm)
     assert "nvidia.com/gpu.deploy.operands" not in kube.nodes["new"]["metadata"]["labels"]  # untouched
     with pytest.raises(CheckFailed, match=r"node typo \(stage ibm-managed in gpu-migration:nodes\) matches no node"):
-        create(kube_providers._NodeFenceProvider(), kubeconfig, node="typo", **ibm)
+        create(_NodeFenceProvider(), kubeconfig, node="typo", **ibm)
 
 
 # --- GPU node inventory, operand placement, pending GPU pods ---------------------------------------------------------
@@ -525,7 +542,7 @@ IKS_GPU = {"ibm-cloud.kubernetes.io/machine-type": "gx3.16x80.l4"}
 
 
 def inventory(api, configured, worker_ids=None, temp_pool=None, seen=None):
-    found = kube_checks.inventory(api, configured, worker_ids or {}, "1.36", temp_pool, seen)
+    found = kube_inventory.inventory(api, configured, worker_ids or {}, "1.36", temp_pool, seen)
     return found.problems, found.warnings
 
 
@@ -586,7 +603,7 @@ def test_an_unlisted_node_past_ibm_drivers_is_a_problem_unless_it_is_a_listed_no
 def test_inventory_ties_replaced_nodes_to_their_config_entry(kube, api):
     kube.add_node("10.0.0.9", labels={**IKS_GPU, "ibm-cloud.kubernetes.io/worker-id": "w-new"},
                   kubelet_version="v1.37.0+IKS")
-    kube.nodes["10.0.0.9"]["metadata"]["annotations"] = {kube_checks.CONFIG_NAME_ANNOTATION: "10.0.0.1"}
+    kube.nodes["10.0.0.9"]["metadata"]["annotations"] = {CONFIG_NAME_ANNOTATION: "10.0.0.1"}
     assert inventory(api, {"10.0.0.1": "dra"}) == ([], [])
     # Its entry's workerId set to the new worker, and the node tied to it: fine.
     assert inventory(api, {"10.0.0.1": "dra"}, worker_ids={"w-new": "10.0.0.1"}) == ([], [])
@@ -604,7 +621,7 @@ def test_inventory_ties_replaced_nodes_to_their_config_entry(kube, api):
 def test_inventory_provider_fails_before_anything_is_installed(kube, kubeconfig):
     kube.add_node("stray", allocatable={"nvidia.com/gpu": "2"}, kubelet_version="v1.35.4+IKS")
     with pytest.raises(CheckFailed, match="nothing was installed:\n  - GPU node stray"):
-        create(kube_providers._GpuNodeInventoryProvider(), kubeconfig, configured={}, worker_ids={},
+        create(_GpuNodeInventoryProvider(), kubeconfig, configured={}, worker_ids={},
                operator_min_version="1.36")
 
 
@@ -614,11 +631,11 @@ def test_operand_placement_names_node_and_pods(kube, kubeconfig):
     kube.add_pod("gpu-operator", "gpu-feature-discovery-x3", node="ibm1")  # not one the runbook checks
     kube.add_pod("gpu-operator", "nvidia-driver-daemonset-x4", node="new1")
     with pytest.raises(CheckFailed) as e:
-        create(kube_providers._OperandPlacementProvider(), kubeconfig, namespace="gpu-operator", fenced=["ibm1"])
+        create(_OperandPlacementProvider(), kubeconfig, namespace="gpu-operator", fenced=["ibm1"])
     assert ("node ibm1: runs IBM-managed drivers but has GPU Operator pods gpu-operator/nvidia-dcgm-exporter-x2, "
             "gpu-operator/nvidia-driver-daemonset-x1") in str(e.value)
     assert "new1" not in str(e.value)
-    assert create(kube_providers._OperandPlacementProvider(), kubeconfig, namespace="gpu-operator",
+    assert create(_OperandPlacementProvider(), kubeconfig, namespace="gpu-operator",
                   fenced=["ibm2"])["checked"] == ["ibm2"]
 
 
@@ -630,7 +647,7 @@ def test_operand_placement_ignores_a_new_worker_that_got_a_fenced_name_again(kub
     for node in ("10.0.0.11", "10.0.0.13"):
         kube.add_pod("gpu-operator", f"nvidia-driver-daemonset-{node}", node=node)
     with pytest.raises(CheckFailed) as e:
-        create(kube_providers._OperandPlacementProvider(), kubeconfig, namespace="gpu-operator",
+        create(_OperandPlacementProvider(), kubeconfig, namespace="gpu-operator",
                fenced=["10.0.0.11", "10.0.0.13"], operator_min_version="1.36")
     assert "node 10.0.0.13: runs IBM-managed drivers" in str(e.value) and "10.0.0.11" not in str(e.value)
 
@@ -641,10 +658,10 @@ def test_pending_gpu_pods_reported_or_gated(kube, kubeconfig):
          "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}])
     kube.add_pod("web", "frontend", phase="Pending")  # no GPU: not reported
     props = dict(node="n1", resources=["nvidia.com/gpu"])
-    outs = create(kube_providers._PendingGpuPodsProvider(), kubeconfig, gate=False, **props)
+    outs = create(_PendingGpuPodsProvider(), kubeconfig, gate=False, **props)
     assert outs["pending"] == ["ml/train (Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.)"]
     with pytest.raises(CheckFailed, match="after node n1, GPU pods are still Pending"):
-        create(kube_providers._PendingGpuPodsProvider(), kubeconfig, gate=True, **props)
+        create(_PendingGpuPodsProvider(), kubeconfig, gate=True, **props)
 
 
 @pytest.fixture
@@ -691,12 +708,12 @@ def test_rollback_verification_failure_leaves_node_cordoned(kube, kubeconfig, ro
     assert annotation(kube)["result"] == "failed"
 
 
-@pytest.mark.parametrize("interruption", [KeyboardInterrupt(), kube_providers.Interrupted("shutting down"),
+@pytest.mark.parametrize("interruption", [KeyboardInterrupt(), Interrupted("shutting down"),
                                           ApiException(status=500, reason="boom")])
 def test_interrupted_rollback_check_leaves_no_pod(kube, kubeconfig, rolled_back, monkeypatch, interruption):
     def interrupt(*_):
         raise interruption
-    monkeypatch.setattr(kube_checks, "pod_log", interrupt)
+    monkeypatch.setattr(cluster, "pod_log", interrupt)
     with pytest.raises(type(interruption)):
         rollback(kubeconfig)
     assert len(rolled_back) == 1 and not kube.pods
@@ -706,10 +723,10 @@ def test_interrupted_rollback_check_leaves_no_pod(kube, kubeconfig, rolled_back,
 def test_rollback_check_deletes_a_pod_left_by_a_killed_run_and_bounds_its_own(kube, kubeconfig, rolled_back):
     left = kube.add_pod(NS, "gpu-rollback-check-n1-old", node="n1", phase="Running", requests={ER: "1"})
     left["metadata"]["labels"] = {"app.kubernetes.io/name": "gpu-rollback-check",
-                                  kube_providers.ROLLBACK_NODE_LABEL: "n1"}
+                                  ROLLBACK_NODE_LABEL: "n1"}
     other = kube.add_pod(NS, "gpu-rollback-check-n2-old", node="n2", phase="Running")
     other["metadata"]["labels"] = {"app.kubernetes.io/name": "gpu-rollback-check",
-                                   kube_providers.ROLLBACK_NODE_LABEL: "n2"}
+                                   ROLLBACK_NODE_LABEL: "n2"}
     rollback(kubeconfig)
     assert list(kube.pods) == [(NS, "gpu-rollback-check-n2-old")]  # only n1's leftover, and our own, are gone
     [pod] = rolled_back
@@ -761,25 +778,25 @@ def test_resources_declare_and_providers_serialize():
     pulumi.runtime.set_mocks(mocks, preview=False)
     common = dict(kubeconfig=None, timeout=60, poll_interval=1)
     declared = [
-        kube_providers.DraPreflight("pre", driver=DRIVER, extended_resource=ER, dra_nodes=["n1"],
+        DraPreflight("pre", driver=DRIVER, extended_resource=ER, dra_nodes=["n1"],
                                     all_nodes=["n1", "n2"], **common),
-        kube_providers.SmokeTestVerification("smoke", namespace=NS, pod_name="gpu-smoke-n1",
+        SmokeTestVerification("smoke", namespace=NS, pod_name="gpu-smoke-n1",
                                              pod_uid=pulumi.Output.from_input("uid-1"), node="n1", driver=DRIVER,
                                              extended_resource=ER, **common),
-        kube_providers.OperatorReadiness("ready", node="n1", stage="dra", namespace="gpu-operator", **common),
+        OperatorReadiness("ready", node="n1", stage="dra", namespace="gpu-operator", **common),
     ]
-    drain_ = kube_providers.NodeDrain("drain", node="n1", pilot_label=PILOT, extended_resource=ER, **common)
-    declared += [drain_, kube_providers.RollbackVerification(
+    drain_ = NodeDrain("drain", node="n1", pilot_label=PILOT, extended_resource=ER, **common)
+    declared += [drain_, RollbackVerification(
         "rollback", node="n1", rolling_back=drain_.rolling_back, extended_resource=ER, image="cuda", namespace=NS,
         **common)]
     declared += [
-        node_switch.NodePathSwitch("switch", kubeconfig=None, node="n1", target="dra", pilot_label=PILOT,
+        NodePathSwitch("switch", kubeconfig=None, node="n1", target="dra", pilot_label=PILOT,
                                    device_plugin_resource="nvidia.com/gpu", extended_resource=ER, driver=DRIVER,
                                    drain_timeout=60, switch_timeout=60, poll_interval=1),
-        kube_providers.GpuNodeInventory("inventory", kubeconfig=None, configured={"n1": "dra"}, worker_ids={},
+        GpuNodeInventory("inventory", kubeconfig=None, configured={"n1": "dra"}, worker_ids={},
                                         operator_min_version="1.36"),
-        kube_providers.OperandPlacement("placement", kubeconfig=None, namespace="gpu-operator", fenced=["n2"]),
-        kube_providers.PendingGpuPods("pending", kubeconfig=None, node="n1", resources=[ER], gate=False),
+        OperandPlacement("placement", kubeconfig=None, namespace="gpu-operator", fenced=["n2"]),
+        PendingGpuPods("pending", kubeconfig=None, node="n1", resources=[ER], gate=False),
     ]
     expected = {"pre": "_DraPreflightProvider", "smoke": "_SmokeTestVerificationProvider",
                 "ready": "_OperatorReadinessProvider", "drain": "_NodeDrainProvider",
@@ -837,7 +854,7 @@ def test_cancelled_up_deletes_the_rollback_check_pod(kube, kubeconfig):
 
 def test_inventory_and_placement_run_again_on_every_up(kube, kubeconfig):
     kube.add_node("a", allocatable={"nvidia.com/gpu": "1"}, kubelet_version="v1.35.4+IKS")
-    provider = kube_providers._GpuNodeInventoryProvider()
+    provider = _GpuNodeInventoryProvider()
     props = dict(kubeconfig=kubeconfig, configured={"a": "ibm-managed"}, worker_ids={}, operator_min_version="1.36")
     olds = provider.create(props).outs
     diff = provider.diff("id", olds, props)
@@ -855,11 +872,11 @@ def test_a_batch_preflight_lets_dra_nodes_of_other_batches_publish(dra_cluster, 
     dra_cluster.add_node("n3", labels={"migration.example.com/gpu-dra": "pilot"})
     dra_cluster.add_slice("n3", DRIVER, {"gpu-1": "GPU-1"})
     pilot = "migration.example.com/gpu-dra=pilot"
-    assert kube_checks.preflight(api, DRIVER, ER, ["n3"], ["n3"], pilot_label=pilot) == []
+    assert kube_preflight.preflight(api, DRIVER, ER, ["n3"], ["n3"], pilot_label=pilot) == []
     # A publisher without the pilot label, or a node of the batch that is not dra, is still refused.
     dra_cluster.nodes["n1"]["metadata"]["labels"].pop("migration.example.com/gpu-dra")
-    assert kube_checks.preflight(api, DRIVER, ER, ["n3"], ["n3"], pilot_label=pilot) == [
+    assert kube_preflight.preflight(api, DRIVER, ER, ["n3"], ["n3"], pilot_label=pilot) == [
         f"node n1: publishes 1 DRA devices of driver {DRIVER} but is not a dra node"]
-    assert kube_checks.preflight(api, DRIVER, ER, [], ["n3"], pilot_label=pilot) == [
+    assert kube_preflight.preflight(api, DRIVER, ER, [], ["n3"], pilot_label=pilot) == [
         f"node n1: publishes 1 DRA devices of driver {DRIVER} but is not a dra node",
         f"node n3: publishes 1 DRA devices of driver {DRIVER} but is not a dra node"]

@@ -2,11 +2,12 @@
 (PDBs respected, DaemonSet pods skipped, bounded); with a temporary pool, only once its nodes offer GPUs."""
 import pytest
 
-from iks_gpu_migration import iks_providers as iks
-from iks_gpu_migration.node_eviction import EvictionError
+
+from iks_gpu_migration.kube.eviction import EvictionError
 from tests.emulators.iks import IksEmulator
 from tests.emulators.kube import KubeEmulator
 from tests.test_iks_providers import replace
+from iks_gpu_migration.iks.api import IksApiError
 
 NODE, TEMP = "10.240.0.21", "10.240.0.50"
 
@@ -131,7 +132,7 @@ def test_eviction_answers_like_the_real_subresource(tmp_path):
 def test_a_refused_replace_after_the_drain_says_the_node_is_cordoned(env):
     iks_emu, kube, settings, _ = env
     iks_emu.refuse_replace["w1"] = (409, "The worker node cannot be replaced while the pool is rebalancing.")
-    with pytest.raises(iks.IksApiError, match=rf"worker w1 is unchanged.*rebalancing.*node {NODE} was cordoned and "
+    with pytest.raises(IksApiError, match=rf"worker w1 is unchanged.*rebalancing.*node {NODE} was cordoned and "
                                               rf"drained.*kubectl uncordon {NODE}"):
         replace(iks_emu, "w1", evict=settings)
     assert kube.nodes[NODE]["spec"]["unschedulable"] is True

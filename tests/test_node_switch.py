@@ -4,9 +4,13 @@ on both paths."""
 import pytest
 from kubernetes import client
 
-from iks_gpu_migration import kube_providers, node_switch
-from iks_gpu_migration.kube_providers import CheckFailed
+
+from iks_gpu_migration.kube.provider import CheckFailed
 from tests.emulators.kube import DEVICE_PLUGIN_LABEL, GpuNodeModel
+from iks_gpu_migration.kube.cordon import CORDON_ANNOTATION, uncordon_if_ours
+from iks_gpu_migration.kube.rollback import _RollbackVerificationProvider
+from iks_gpu_migration.kube.switch import _NodePathSwitchProvider
+from iks_gpu_migration.kube import cluster
 
 PILOT = ("migration.example.com/gpu-dra", "pilot")
 GPU, DRIVER = "nvidia.com/gpu", "gpu.nvidia.com"
@@ -38,7 +42,7 @@ def switch(kubeconfig, target, drain=2.0, switch_timeout=2.0):
     props = dict(kubeconfig=kubeconfig, node="n1", target=target, pilot_label="=".join(PILOT),
                  device_plugin_resource=GPU, extended_resource=GPU, driver=DRIVER, drain_timeout=drain,
                  switch_timeout=switch_timeout, poll_interval=0.02)
-    return node_switch._NodePathSwitchProvider().create(props).outs
+    return _NodePathSwitchProvider().create(props).outs
 
 
 def training_pod(kube, path="device-plugin"):
@@ -91,7 +95,7 @@ def test_forward_and_rollback_never_offer_a_gpu_twice_with_a_long_running_device
     assert s[plugin_off][3] == "0" and plugin_off < pilot and s[pilot - 1][3] == "0"
     assert all(x[0] for x in s[plugin_off:])  # cordoned throughout
     assert _state(kube) == (True, "false", PILOT[1], "0", True)
-    assert kube.nodes["n1"]["metadata"]["annotations"][node_switch.CORDON_ANNOTATION] == "dra"
+    assert kube.nodes["n1"]["metadata"]["annotations"][CORDON_ANNOTATION] == "dra"
     assert switch(kubeconfig, "dra")["switched"] is False  # already there: nothing happens
 
     # A DRA pod runs; rollback waits for it, removes the pilot label, waits for the slices to be wiped, and only
@@ -124,10 +128,10 @@ def test_rollback_times_out_when_slices_stay(kube, kubeconfig, node):
 def test_switch_leaves_a_node_cordoned_by_someone_else_alone(kube, kubeconfig, node):
     kube.nodes["n1"]["spec"]["unschedulable"] = True
     switch(kubeconfig, "dra")
-    assert node_switch.CORDON_ANNOTATION not in (kube.nodes["n1"]["metadata"].get("annotations") or {})
+    assert CORDON_ANNOTATION not in (kube.nodes["n1"]["metadata"].get("annotations") or {})
     from kubernetes import config
     with config.new_client_from_config(config_file=kubeconfig) as api:
-        assert node_switch.uncordon_if_ours(api, "n1") is False
+        assert uncordon_if_ours(api, "n1") is False
     assert kube.nodes["n1"]["spec"]["unschedulable"] is True
 
 
@@ -141,12 +145,12 @@ def test_rollback_verification_uncordons_after_the_check_pod(kube, kubeconfig, n
         kube.logs[(pod["metadata"]["namespace"], pod["metadata"]["name"])] = f"GPU 0: NVIDIA L4 (UUID: {UUID0})\n"
 
     kube.on_pod_create = run
-    outs = kube_providers._RollbackVerificationProvider().create(dict(
+    outs = _RollbackVerificationProvider().create(dict(
         kubeconfig=kubeconfig, node="n1", rolling_back=True, extended_resource=GPU, image="cuda", namespace="gpu-pilot",
         tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}], timeout=2, poll_interval=0.02)).outs
     assert outs["gpu_uuid"] == UUID0
     assert "unschedulable" not in kube.nodes["n1"]["spec"]
-    assert node_switch.CORDON_ANNOTATION not in kube.nodes["n1"]["metadata"].get("annotations", {})
+    assert CORDON_ANNOTATION not in kube.nodes["n1"]["metadata"].get("annotations", {})
     assert node.violations == []
 
 
@@ -169,7 +173,7 @@ def test_calling_off_an_unfinished_forward_switch_uncordons(kube, kubeconfig, no
     assert _state(kube) == (True, "true", None, "1", False)
     assert switch(kubeconfig, "device-plugin")["rolling_back"] is False  # stage set back: nothing to roll back
     assert _state(kube) == (False, "true", None, "1", False)
-    assert node_switch.CORDON_ANNOTATION not in kube.nodes["n1"]["metadata"]["annotations"]
+    assert CORDON_ANNOTATION not in kube.nodes["n1"]["metadata"]["annotations"]
 
 
 def test_pilot_label_waits_for_a_pod_that_started_during_the_switch(kube, kubeconfig, node):
@@ -187,11 +191,10 @@ def test_api_error_during_a_switch_wait_says_the_node_is_left_cordoned(kube, kub
     """An API failure mid-wait ends the switch like a timeout would: named, with the node's state and how to go on."""
     from kubernetes.client.exceptions import ApiException
 
-    from iks_gpu_migration import kube_checks
 
     training_pod(kube)
     calls = []
-    real = kube_checks.device_plugin_gpu_pods
+    real = cluster.device_plugin_gpu_pods
 
     def flaky(*args):
         calls.append(args)
@@ -199,7 +202,7 @@ def test_api_error_during_a_switch_wait_says_the_node_is_left_cordoned(kube, kub
             raise ApiException(status=500, reason="Internal Server Error")
         return real(*args)
 
-    monkeypatch.setattr(kube_checks, "device_plugin_gpu_pods", flaky)
+    monkeypatch.setattr(cluster, "device_plugin_gpu_pods", flaky)
     with pytest.raises(CheckFailed) as e:
         switch(kubeconfig, "dra")
     message = str(e.value)

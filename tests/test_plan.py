@@ -131,7 +131,7 @@ def test_bad_selector_is_named():
 
 
 def test_status_explains_the_plan():
-    from iks_gpu_migration import status
+    from iks_gpu_migration.cli import status
 
     text = status.plan_text({"nodes": [{"name": f"n{i}", "workerId": f"w{i}", "stage": "device-plugin"}
                                        for i in range(1, 6)], "maxUnavailable": "40%"})

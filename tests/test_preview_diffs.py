@@ -36,11 +36,11 @@ CASES = {
     "stage device-plugin -> dra": (stage(DP, "dra"), {
         "+": names(DP, "smoke-verification") | {f"smoke-{DP}", "batch-2-dra-preflight"}, "-": names(DP, "rollback"),
         "~": {DP}, "+-": names(DP, "switch", "operator-ready") | {"batch-2-gate"}}),
-    # Rollback of the last dra node: the DRA driver, DeviceClass, preflight and smoke test go away.
+    # Rollback of the last dra node: the DRA path (driver, DeviceClass, preflight, namespace) and smoke test go away.
     "stage dra -> device-plugin (rollback)": (stage(DRA, "device-plugin"), {
         "+": names(DRA, "rollback"),
         "-": names(DRA, "smoke-verification") | {f"smoke-{DRA}", "device-class", "dra-driver", "batch-1-dra-preflight",
-                                                 "smoke-namespace"},
+                                                 "smoke-namespace", "dra-path"},
         "~": {DRA}, "+-": names(DRA, "switch", "operator-ready") | {"batch-1-gate"}}),
     "gpuOperator version or values": (lambda r: r["gpuOperator"].update(version="v25.10.2"), {
         "~": {"gpu-operator"}, "+": set(), "-": set(), "+-": set()}),

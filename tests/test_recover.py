@@ -1,6 +1,6 @@
 """Recovery after a killed `up`: which pending creates are adopted, under which ID (the real-engine scenario in
 tests/real/test_migration_scenarios.py runs the whole recovery)."""
-from iks_gpu_migration.recover import adopt_pending, pending_creates, provider_id
+from iks_gpu_migration.cli.recover import adopt_pending, pending_creates, provider_id
 
 
 def test_ids_follow_pulumi_kubernetes():

@@ -1,6 +1,6 @@
 """What `pulumi refresh` records and how the next `up` reacts (the real-engine scenario runs both end to end)."""
-from iks_gpu_migration.iks_providers import WorkerReplacementProvider
-from iks_gpu_migration.node_switch import _NodePathSwitchProvider, observed_path
+from iks_gpu_migration.iks.replacement import WorkerReplacementProvider
+from iks_gpu_migration.kube.switch import _NodePathSwitchProvider, observed_path
 
 PILOT = "migration.example.com/gpu-dra=pilot"
 PLUGIN = "nvidia.com/gpu.deploy.device-plugin"

@@ -3,7 +3,7 @@ import asyncio
 
 import pulumi.log
 
-from iks_gpu_migration import sdk_scaling
+from iks_gpu_migration import sdk_workarounds as sdk_scaling
 
 
 class Engine:

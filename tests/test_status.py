@@ -5,8 +5,8 @@ import stat
 
 import pytest
 
-from iks_gpu_migration import status
-from iks_gpu_migration.kube_providers import VERIFICATION_ANNOTATION
+from iks_gpu_migration.cli import status
+from iks_gpu_migration.kube.records import VERIFICATION_ANNOTATION
 from tests.emulators.http import LocalServer
 
 

@@ -1,7 +1,7 @@
 """The shared bounded wait: value on success, progress while waiting, a timeout naming what was awaited."""
 import pytest
 
-from iks_gpu_migration.waiting import WaitTimeout, optional_float, wait_for
+from iks_gpu_migration.common.waiting import WaitTimeout, optional_float, wait_for
 
 
 def test_returns_the_value_and_logs_each_new_state():
@@ -40,7 +40,7 @@ def test_optional_float():
 
 def test_a_wait_stops_once_the_engine_that_started_the_provider_is_gone(monkeypatch):
     # A SIGKILLed `pulumi` CLI leaves its provider host running, re-parented: it must stop, not act beside the next up.
-    from iks_gpu_migration import waiting
+    from iks_gpu_migration.common import waiting
     polls = []
 
     def poll():

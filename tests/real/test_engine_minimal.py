@@ -5,7 +5,7 @@ import pulumi
 from kubernetes import client
 
 from gpu_migration_local.gpu_doubles import GPU_PRESENT
-from iks_gpu_migration import dra
+from iks_gpu_migration.components import dra_path as dra
 from tests.emulators.iks import IksEmulator
 
 from .kube import eventually, kwok_node

@@ -3,7 +3,7 @@ of a real local control plane; each test gets its own cluster with three IKS GPU
 import pytest
 from pulumi.automation import CommandError
 
-from iks_gpu_migration.iks_api import IksClient
+from iks_gpu_migration.iks.api import IksClient
 
 from .kube import eventually
 from .project import meaningful, planned_changes

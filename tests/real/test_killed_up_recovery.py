@@ -9,9 +9,9 @@ import uuid
 import pulumi
 from kubernetes import client
 
-from iks_gpu_migration.charts import helm_release
+from iks_gpu_migration.components.charts import helm_release
 from iks_gpu_migration.config import HelmChart
-from iks_gpu_migration.recover import recover
+from iks_gpu_migration.cli.recover import recover
 
 from .project import planned_changes
 

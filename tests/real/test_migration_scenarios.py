@@ -170,7 +170,7 @@ def test_interrupted_up_during_a_replacement_converges_with_one_replacement_per_
     # releases the stack; `pulumi up` again resumes the replacement from the worker's real state. After SIGKILL,
     # `python -m iks_gpu_migration.recover` resolves the pending creates first.
     if signal_name == "SIGKILL":
-        from iks_gpu_migration.recover import recover
+        from iks_gpu_migration.cli.recover import recover
         pulumi, cli_env = env.project.engine.cli()
         assert recover("local", pulumi, cli_env, out=print, kubeconfig=str(env.cluster.kubeconfig),
                        cwd=str(env.project.dir)) == 0

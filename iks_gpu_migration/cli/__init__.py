@@ -1,0 +1,1 @@
+"""Commands an operator runs beside `pulumi`: `status` and `recover`."""

@@ -1,0 +1,355 @@
+"""Migration status per GPU node: configured stage vs. what the cluster shows.
+
+    python -m iks_gpu_migration.cli.status --stack pilot [--kubeconfig PATH] [--outputs FILE] [--json]
+
+Reads `gpu-migration:*` from Pulumi.<stack>.yaml and the stack outputs (`pulumi stack output --json`, or --outputs FILE)
+to find each node under its real name after replacement (output node:<key or name>.nodeName, so the config never has
+to be renamed), then shows per node: worker ID and kubelet version, the
+configured stage and how far the node is through it, whether it is cordoned, and the last verification recorded on it
+by SmokeTestVerification or RollbackVerification (annotation migration.example.com/gpu-verification); then the
+migration plan (batches, budget: iks_gpu_migration.plan).
+Every failure is one line on stderr naming what to fix; exit code 1.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from ..common.versions import version_at_least
+from ..config import NAMESPACE, MigrationConfig, Node, TempGpuPool
+from ..kube.labels import DEVICE_PLUGIN_OFF, IBM_MANAGED_LABELS, OPERANDS_OFF
+from ..kube.records import VERIFICATION_ANNOTATION
+from ..plan import make_plan, parse_max_unavailable
+
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+OPERATOR_LABELS = ("nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.operands",
+                   "nvidia.com/gpu.deploy.driver", "nvidia.com/gpu.present")
+COLUMNS = ("node", "worker", "kube", "stage", "progress", "cordoned", "verification")
+REQUEST_TIMEOUT = 15  # seconds per API call: status must answer, not hang on an unreachable server
+DEFAULTS = {name: f.default for name, f in MigrationConfig.model_fields.items()}
+
+
+class StatusError(Exception):
+    """Status cannot be shown; the message is one line that says what to do."""
+
+
+# --- inputs: stack config, stack outputs, kubeconfig ------------------------------------------------------------
+
+
+def stack_config(path: Path) -> dict:
+    """The `gpu-migration:*` keys of a stack file, without the namespace prefix."""
+    config = (yaml.safe_load(path.read_text()) or {}).get("config") or {}
+    return {k.partition(":")[2]: v for k, v in config.items() if k.startswith(f"{NAMESPACE}:")}
+
+
+def load_stack(project_dir: Path, stack: str) -> dict:
+    path = Path(project_dir) / f"Pulumi.{stack}.yaml"
+    if not path.is_file():
+        known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in Path(project_dir).glob("Pulumi.*.yaml"))
+        raise StatusError(f"unknown stack {stack!r}: no {path.name} in {project_dir} "
+                          f"(stacks here: {', '.join(known) or 'none'})")
+    try:
+        config = stack_config(path)
+    except (yaml.YAMLError, AttributeError) as e:
+        raise StatusError(f"{path} is not a readable stack file: {' '.join(str(e).split())}") from None
+    if not isinstance(config.get("nodes"), list):
+        raise StatusError(f"{path} has no gpu-migration:nodes list")
+    return config
+
+
+def load_outputs(stack: str, outputs_file: Optional[Path], project_dir: Path) -> tuple[dict, list[str]]:
+    """Stack outputs and notes on what could not be read (status then shows configured names only)."""
+    if outputs_file is not None:
+        try:
+            return json.loads(Path(outputs_file).read_text()), []
+        except (OSError, json.JSONDecodeError) as e:
+            raise StatusError(f"--outputs {outputs_file}: not a JSON file from `pulumi stack output --json` ({e})")
+    pulumi = shutil.which("pulumi")
+    if pulumi is None:
+        return {}, ["pulumi CLI not on PATH: showing configured node names; pass --outputs FILE (from `pulumi stack "
+                    "output --json --stack S`) to see replaced nodes under their new names"]
+    try:
+        done = subprocess.run([pulumi, "stack", "output", "--json", "--stack", stack], cwd=project_dir,
+                              capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return {}, ["`pulumi stack output` did not answer within 120s: showing configured node names"]
+    if done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        return {}, [f"`pulumi stack output --stack {stack}` failed ({reason}): showing configured node names"]
+    try:
+        return json.loads(done.stdout or "{}"), []
+    except json.JSONDecodeError:
+        return {}, ["`pulumi stack output --json` printed no JSON: showing configured node names"]
+
+
+def kubeconfig_path(arg: Optional[str], config: dict) -> str:
+    """--kubeconfig, then gpu-migration:kubeconfig, then KUBECONFIG (first entry), then ~/.kube/config."""
+    if arg:
+        source = "--kubeconfig"
+    elif config.get("kubeconfig"):
+        arg, source = config["kubeconfig"], "gpu-migration:kubeconfig"
+    elif os.environ.get("KUBECONFIG"):
+        arg, source = os.environ["KUBECONFIG"].split(os.pathsep)[0], "KUBECONFIG"
+    else:
+        arg, source = "~/.kube/config", "the default"
+    path = os.path.expanduser(arg)
+    if not os.path.isfile(path):
+        raise StatusError(f"kubeconfig {path} (from {source}) does not exist; pass --kubeconfig PATH "
+                          f"(for IKS: `ibmcloud ks cluster config --cluster <cluster>` writes one)")
+    return path
+
+
+def connect(path: str):
+    from kubernetes import config as kube_config
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        api = kube_config.new_client_from_config(config_file=path)
+    except (ConfigException, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise StatusError(f"kubeconfig {path} is not usable ({' '.join(str(e).split()) or type(e).__name__}); "
+                          f"pass --kubeconfig PATH") from None
+    api.configuration.retries = 1  # the client's urllib3 default retries a dead server three times
+    return api
+
+
+# --- reading the cluster ----------------------------------------------------------------------------------------
+
+
+def _kubernetes_status(body: Any) -> Optional[dict]:
+    """The body of an API error if it is a Kubernetes Status object (apimachinery metav1.Status), else None."""
+    try:
+        data = json.loads(body) if isinstance(body, (str, bytes)) else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and data.get("kind") == "Status" else None
+
+
+def read_node(core, name: str, server: str):
+    """The Node, or None if the API server says it does not exist; StatusError for anything else."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        return core.read_node(name, _request_timeout=REQUEST_TIMEOUT)
+    except ApiException as e:
+        status = _kubernetes_status(e.body)
+        if e.status == 404 and status and status.get("reason") == "NotFound":
+            return None
+        if status is None:
+            raise StatusError(f"{server} answered HTTP {e.status} {e.reason or ''} to GET /api/v1/nodes/{name}, "
+                              f"which is not a Kubernetes API answer: does the kubeconfig point at the cluster's API "
+                              f"server? (pass --kubeconfig PATH)") from None
+        if e.status in (401, 403):
+            raise StatusError(f"the API server at {server} refused access ({e.status}: {status.get('message')}); "
+                              f"refresh the kubeconfig (`ibmcloud ks cluster config --cluster <cluster>`) or pass "
+                              f"--kubeconfig PATH") from None
+        raise StatusError(f"the API server at {server} answered {e.status} for node {name}: "
+                          f"{status.get('message')}") from None
+    except HTTPError as e:
+        reason = getattr(e, "reason", None) or e
+        raise StatusError(f"cannot reach the Kubernetes API server at {server}: {' '.join(str(reason).split())}; "
+                          f"check the network/VPN or pass --kubeconfig PATH") from None
+
+
+# --- deciding what to show (pure) -------------------------------------------------------------------------------
+
+
+@dataclass
+class NodeFacts:
+    """What the cluster shows of one node (None: not found)."""
+    labels: dict[str, str] = field(default_factory=dict)
+    kubelet: str = ""
+    cordoned: bool = False
+    allocatable: dict[str, str] = field(default_factory=dict)
+    verification: Optional[dict] = None
+
+
+def node_facts(node) -> Optional[NodeFacts]:
+    if node is None:
+        return None
+    annotation = (node.metadata.annotations or {}).get(VERIFICATION_ANNOTATION)
+    info = node.status.node_info if node.status else None
+    return NodeFacts(labels=dict(node.metadata.labels or {}), kubelet=(info.kubelet_version if info else "") or "",
+                     cordoned=bool(node.spec and node.spec.unschedulable),
+                     allocatable=dict((node.status.allocatable if node.status else None) or {}),
+                     verification=parse_verification(annotation))
+
+
+def parse_verification(raw: Optional[str]) -> Optional[dict]:
+    if not raw:
+        return None
+    try:
+        record = json.loads(raw)
+    except json.JSONDecodeError:
+        return {"result": "unreadable", "raw": raw[:60]}
+    return record if isinstance(record, dict) else {"result": "unreadable", "raw": raw[:60]}
+
+
+def progress(stage: str, facts: NodeFacts, kube_version: str, pilot: tuple[str, str],
+             device_plugin_resource: str) -> list[tuple[str, bool]]:
+    """The steps of `stage` in order, each with whether the node shows it done."""
+    labels = facts.labels
+    has = lambda wanted: all(labels.get(k) == v for k, v in wanted.items())
+    if stage == "ibm-managed":
+        # Only deploy.operands=false lasts: the GPU Operator then deletes deploy.driver (see kube/labels.py).
+        return [("operator fenced off", has(OPERANDS_OFF))]
+    replaced = ("worker replaced", version_at_least(facts.kubelet, kube_version))
+    record = facts.verification or {}
+    if stage == "dra":
+        return [replaced,
+                ("dra labels", has({pilot[0]: pilot[1], **DEVICE_PLUGIN_OFF})),
+                ("smoke test passed", record.get("path") == "dra" and record.get("result") == "passed"),
+                ("schedulable", not facts.cordoned)]
+    if stage == "device-plugin":
+        # No pilot label and no switch left off. The GPU Operator itself labels GPU nodes with deploy.*=true, and a
+        # rollback sets deploy.device-plugin=true explicitly (kube/switch.py): only the "false" values are leftovers.
+        switched_off = {**DEVICE_PLUGIN_OFF, **IBM_MANAGED_LABELS}
+        leftovers = pilot[0] in labels or any(labels.get(k) == v for k, v in switched_off.items())
+        offered = _int(facts.allocatable.get(device_plugin_resource)) > 0
+        return [replaced,
+                ("device-plugin labels", not leftovers),
+                (f"{device_plugin_resource} allocatable", offered),
+                ("schedulable", not facts.cordoned)]
+    return []
+
+
+def _int(value: Optional[str]) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def describe_progress(steps: list[tuple[str, bool]]) -> str:
+    done = sum(1 for _, ok in steps if ok)
+    pending = [name for name, ok in steps if not ok]
+    return f"{done}/{len(steps)}" + (f" (next: {pending[0]})" if pending else " done")
+
+
+def describe_verification(record: Optional[dict]) -> str:
+    if not record:
+        return "-"
+    if record.get("result") == "unreadable":
+        return f"unreadable: {record.get('raw')}"
+    text = f"{record.get('result', '?')} {record.get('path', '?')} at {record.get('checkedAt', '?')}"
+    if record.get("problems"):
+        text += f": {str(record['problems'][0]).strip()[:80]}"
+    return text
+
+
+def node_status(entry: dict, output: dict, facts: Optional[NodeFacts], config: dict) -> dict[str, Any]:
+    """One node's status as JSON-ready data."""
+    stage = entry.get("stage", "?")
+    name = output.get("nodeName") or entry.get("name")
+    out: dict[str, Any] = {
+        "node": name, "configuredName": entry.get("name"), "stage": stage,
+        "workerId": output.get("replacedWorkerId") or entry.get("workerId"),
+        "found": facts is not None,
+    }
+    if facts is None:
+        return {**out, "kubeVersion": None, "cordoned": None, "labels": {}, "steps": [], "verification": None}
+    pilot_key, _, pilot_value = str(config.get("pilotLabel") or DEFAULTS["pilot_label"]).partition("=")
+    # The device plugin's name is its own (always under nvidia.com/), not extendedResourceName.
+    resource = config.get("devicePluginResourceName") or DEFAULTS["device_plugin_resource_name"]
+    steps = progress(stage, facts, str(config.get("kubeVersion") or ""), (pilot_key, pilot_value), resource)
+    shown = {k: facts.labels[k] for k in (pilot_key, *OPERATOR_LABELS) if k in facts.labels}
+    return {**out, "kubeVersion": facts.kubelet or None, "cordoned": facts.cordoned, "labels": shown,
+            "steps": [{"step": s, "done": ok} for s, ok in steps], "verification": facts.verification}
+
+
+def table_row(status: dict) -> dict[str, str]:
+    node = status["node"]
+    if status["configuredName"] != node:
+        node += f" (was {status['configuredName']})"
+    if not status["found"]:
+        return {"node": node, "worker": status["workerId"] or "-", "kube": "-", "stage": status["stage"],
+                "progress": "node not found", "cordoned": "-", "verification": "-"}
+    steps = [(s["step"], s["done"]) for s in status["steps"]]
+    return {"node": node, "worker": status["workerId"] or "-", "kube": status["kubeVersion"] or "-",
+            "stage": status["stage"], "progress": describe_progress(steps) if steps else "-",
+            "cordoned": "yes" if status["cordoned"] else "no",
+            "verification": describe_verification(status["verification"])}
+
+
+def table(data: list[dict[str, str]]) -> str:
+    widths = {c: max([len(c), *(len(r[c]) for r in data)]) for c in COLUMNS}
+    lines = [[c.upper() for c in COLUMNS], *([r[c] for c in COLUMNS] for r in data)]
+    return "\n".join("  ".join(v.ljust(widths[c]) for c, v in zip(COLUMNS, line)).rstrip() for line in lines)
+
+
+def plan_text(config: dict) -> str:
+    """The plan `pulumi up` follows for these nodes and budget keys (iks_gpu_migration.plan), or why there is none."""
+    try:
+        nodes = [Node.model_validate(n) for n in config.get("nodes") or []]
+        pool = TempGpuPool.model_validate(config.get("tempGpuPool") or {})
+        surge = pool.size_per_zone if pool.enabled else 0
+        plan = make_plan(nodes, parse_max_unavailable(config.get("maxUnavailable", 1)), surge,
+                         float(config.get("batchSoakSeconds") or 0), pool.name)
+    except ValueError as e:  # pydantic's ValidationError and PlanError are ValueErrors
+        return f"no migration plan: {e}"
+    return plan.render()
+
+
+# --- doing ------------------------------------------------------------------------------------------------------
+
+
+def collect(stack: str, kubeconfig: Optional[str] = None, project_dir: Path = PROJECT_DIR,
+            outputs_file: Optional[Path] = None) -> dict[str, Any]:
+    """{"stack", "notes", "nodes": [node_status...]}, in config order; StatusError if it cannot be shown."""
+    from kubernetes import client
+
+    config = load_stack(project_dir, stack)
+    outputs, notes = load_outputs(stack, outputs_file, project_dir)
+    path = kubeconfig_path(kubeconfig, config)
+    nodes = []
+    with connect(path) as api:
+        core, server = client.CoreV1Api(api), api.configuration.host
+        for entry in config["nodes"]:
+            entry = entry if isinstance(entry, dict) else {"name": str(entry)}
+            # Outputs are keyed by the entry's key (else its name): node:<key>.nodeName is the node now.
+            output = outputs.get(f"node:{entry.get('key') or entry.get('name')}") or {}
+            output = output if isinstance(output, dict) else {}
+            name = output.get("nodeName") or entry.get("name")
+            nodes.append(node_status(entry, output, node_facts(read_node(core, str(name), server)), config))
+    return {"stack": stack, "kubeconfig": path, "notes": notes, "nodes": nodes, "plan": plan_text(config)}
+
+
+def status_text(stack: str, kubeconfig: Optional[str] = None, project_dir: Path = PROJECT_DIR,
+                outputs_file: Optional[Path] = None) -> str:
+    data = collect(stack, kubeconfig, project_dir, outputs_file)
+    return f"{table([table_row(n) for n in data['nodes']])}\n\n{data['plan']}"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m iks_gpu_migration.cli.status", description=__doc__.split("\n")[0])
+    parser.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml and its outputs")
+    parser.add_argument("--kubeconfig", help="default: gpu-migration:kubeconfig, then KUBECONFIG / ~/.kube/config")
+    parser.add_argument("--outputs", type=Path, help="JSON of `pulumi stack output --json` (default: run it if the "
+                                                     "pulumi CLI is on PATH)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--project-dir", type=Path, default=PROJECT_DIR)
+    args = parser.parse_args(argv)
+    try:
+        data = collect(args.stack, args.kubeconfig, args.project_dir, args.outputs)
+    except StatusError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    for note in data["notes"]:
+        print(f"note: {note}", file=sys.stderr)
+    print(table([table_row(n) for n in data["nodes"]]))
+    print(f"\n{data['plan']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Helpers every floor uses: version strings, Kubernetes object names, bounded waits."""

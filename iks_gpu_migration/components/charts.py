@@ -1,0 +1,118 @@
+"""Helm releases: the NVIDIA GPU Operator and the DRA driver.
+
+The DRA driver's values are rendered here and checked before anything is declared, so a chart that would refuse to
+install (or install a controller that can never schedule on IKS) fails `pulumi preview` with the key to fix.
+"""
+import copy
+from typing import Any, Optional
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from ..common.versions import version_at_least
+from ..config import ConfigError, HelmChart
+
+# NVIDIA/k8s-dra-driver-gpu deployments/helm/nvidia-dra-driver-gpu (v25.8.1, v25.12.0):
+# - templates/validation.yaml fails the install when resources.gpus.enabled is true without
+#   gpuResourcesEnabledOverride: true (values.yaml defaults: gpus.enabled true, override false);
+# - templates/controller.yaml deploys the ComputeDomain controller when resources.computeDomains.enabled (default
+#   true); values.yaml gives it a nodeAffinity to node-role.kubernetes.io/control-plane nodes, which IKS (managed
+#   masters) doesn't have, so it stays Pending and `atomic` rolls the release back.
+DRA_DEFAULTS: dict[str, Any] = {
+    "gpuResourcesEnabledOverride": True,
+    "resources": {"gpus": {"enabled": True}, "computeDomains": {"enabled": False}},
+}
+# From 25.12 templates/deviceclass-gpu.yaml gives the chart's DeviceClass gpu.nvidia.com
+# `extendedResourceName: nvidia.com/gpu` (when resource.k8s.io/v1 is served); there is no value to turn that off.
+CHART_CLASS_MAPS_FROM = "25.12"
+CHART_CLASS, CHART_CLASS_RESOURCE = "gpu.nvidia.com", "nvidia.com/gpu"
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` wins; nested dicts are merged, not replaced."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _get(values: dict[str, Any], path: str, default: Any = None) -> Any:
+    for part in path.split("."):
+        if not isinstance(values, dict) or part not in values:
+            return default
+        values = values[part]
+    return values
+
+
+def dra_values(chart: HelmChart, pilot_label: tuple[str, str], tolerations: list[dict[str, str]]) -> dict[str, Any]:
+    """What the DRA driver release gets: DRA_DEFAULTS, then the stack's values (they win), then the pilot-label pin
+    (ANDed by the chart with its own GPU-node affinity, templates/kubeletplugin.yaml) and the GPU taints' tolerations
+    (values.yaml kubeletPlugin.tolerations defaults to [])."""
+    values = deep_merge(DRA_DEFAULTS, chart.values)
+    pinned = {"kubeletPlugin": {"nodeSelector": {pilot_label[0]: pilot_label[1]}}}
+    values = deep_merge(values, pinned)
+    if tolerations:
+        own = list(_get(values, "kubeletPlugin.tolerations", []) or [])
+        values["kubeletPlugin"]["tolerations"] = own + [t for t in tolerations if t not in own]
+    return values
+
+
+def dra_values_problems(values: dict[str, Any]) -> list[str]:
+    """Rendered DRA driver values the chart would refuse, or that cannot work on IKS."""
+    problems = []
+    if _get(values, "resources.gpus.enabled", True) is not True:
+        problems.append("resources.gpus.enabled is not true: the driver would publish no GPUs for the DeviceClass")
+    elif _get(values, "gpuResourcesEnabledOverride") is not True:
+        problems.append("resources.gpus.enabled is true but gpuResourcesEnabledOverride is not: the chart's "
+                        "templates/validation.yaml refuses to install; set gpuResourcesEnabledOverride: true")
+    if _get(values, "resources.computeDomains.enabled", True) and not _get(values, "controller.affinity"):
+        problems.append("resources.computeDomains.enabled is true and controller.affinity is not set: the "
+                        "ComputeDomain controller needs a node-role.kubernetes.io/control-plane node, which IKS "
+                        "doesn't have; set resources.computeDomains.enabled: false or your own controller.affinity")
+    return problems
+
+
+def chart_class_maps(chart: HelmChart, values: dict[str, Any]) -> Optional[str]:
+    """The extended resource the chart's own DeviceClass maps, if any."""
+    if _get(values, "resources.gpus.enabled", True) and version_at_least(chart.version.lstrip("v"), CHART_CLASS_MAPS_FROM):
+        return CHART_CLASS_RESOURCE
+    return None
+
+
+def helm_release(
+    resource_name: str, chart: HelmChart, values: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None
+) -> k8s.helm.v3.Release:
+    """A pinned chart release; `atomic` rolls a failed upgrade back instead of leaving it half-applied."""
+    return k8s.helm.v3.Release(
+        resource_name,
+        name=resource_name,
+        chart=chart.chart,
+        version=chart.version,
+        # oci:// charts carry their registry in the chart reference.
+        repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart.repo) if chart.repo else None,
+        namespace=chart.namespace,
+        create_namespace=True,
+        atomic=True,
+        values=values,
+        opts=opts,
+    )
+
+
+def gpu_operator_release(chart: HelmChart, opts: Optional[pulumi.ResourceOptions] = None) -> k8s.helm.v3.Release:
+    return helm_release("gpu-operator", chart, chart.values, opts)
+
+
+def dra_driver_release(
+    chart: HelmChart, pilot_label: tuple[str, str], opts: Optional[pulumi.ResourceOptions] = None,
+    tolerations: Optional[list[dict[str, str]]] = None,
+) -> k8s.helm.v3.Release:
+    """The kubelet plugin is pinned to pilot-labelled nodes, whatever the stack's values say."""
+    values = dra_values(chart, pilot_label, tolerations or [])
+    problems = dra_values_problems(values)
+    if problems:
+        raise ConfigError("invalid stack config:\n" + "\n".join(f"  gpu-migration:draDriver.values: {p}"
+                                                                 for p in problems))
+    return helm_release("dra-driver", chart, values, opts)

@@ -1,0 +1,229 @@
+"""GpuNode: one GPU node's resources for its configured stage, its children shown under it in `pulumi preview`.
+
+Per node: fence -> [beforeReplace hook] -> worker replacement (drain, then replaceWorker) -> path switch -> [rollback
+check] -> operator readiness -> operand placement -> pending GPU pods; on `dra` also the smoke pod and its
+verification (declared by the DRA path once the batch's preflight exists); [afterVerification hook] last.
+"""
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from ..config import OPERATOR_MIN_VERSION, MigrationConfig, Node
+from ..iks.replacement import WorkerReplacement
+from ..kube import labels as node_labels
+from ..kube.fence import NodeFence
+from ..kube.operands import OperandPlacement, PendingGpuPods
+from ..kube.readiness import OperatorReadiness
+from ..kube.rollback import RollbackVerification
+from ..kube.smoke import SmokeTestVerification
+from ..kube.switch import NodePathSwitch
+from . import hooks, smoke_pod
+
+
+@dataclass
+class Context:
+    """What every node's resources share: the cluster's Kubernetes provider and the IKS API settings."""
+    k8s_provider: Optional[k8s.Provider]
+    ibm_api: dict[str, Any]
+
+
+class GpuNode(pulumi.ComponentResource):
+    """Everything one GPU node needs for its configured stage; children appear under it in `pulumi preview`."""
+
+    def __init__(self, node: Node, cfg: MigrationConfig, ctx: Context, inventory: pulumi.Resource):
+        super().__init__("gpu-migration:index:GpuNode", node.ident, {"stage": node.stage})
+        self.node, self.cfg, self.ctx = node, cfg, ctx
+        self.hostname: pulumi.Input[str] = node.name
+        self.fence = self.replacement = self.rollback = self.readiness = None
+        self.switch = self.pending = self.labels = self.placement = None
+        self.smoke_pod = self.verification = None
+        self.before_hook = self.after_hook = None
+        # What the next batch waits for (rollout.when_done): the pending GPU pods check and, on dra, the smoke
+        # verification, which uncordons the node: the next gate counts a node still cordoned as unavailable.
+        self.done_by: list[pulumi.Resource] = []
+        # No node is touched, not even fenced, before the inventory found every GPU node listed: nothing half-applied.
+        # ibm-managed: the fence refuses a node already replaced (no IBM drivers) or missing, then sets both runbook
+        # labels once; the NodePatch keeps only deploy.operands=false (kube/labels.py). Other stages: until its
+        # worker is replaced the node still runs IBM's drivers, so the GPU Operator is kept off it (the replacement
+        # is a new Node object without these labels, so nothing has to remove them).
+        ibm_managed = node.stage == "ibm-managed"
+        self.fence = NodeFence(
+            f"{node.ident}-fence",
+            kubeconfig=cfg.kubeconfig,
+            node=node.name,
+            labels=node_labels.IBM_MANAGED_LABELS,
+            operator_min_version=OPERATOR_MIN_VERSION,
+            **({"stage": "ibm-managed"} if ibm_managed else {}),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[inventory]),
+        )
+        if ibm_managed:
+            self.labels = self._labels([self.fence])
+
+    def fenced_name(self) -> pulumi.Output[Optional[str]]:
+        """The node's configured name while it keeps IBM's drivers (ibm-managed, or fenced until replaced)."""
+        if self.node.stage == "ibm-managed":
+            return pulumi.Output.from_input(self.node.name)
+        return self.fence.fenced.apply(lambda fenced: self.node.name if fenced else None)
+
+    def _labels(self, deps: list[pulumi.Resource]) -> k8s.core.v1.NodePatch:
+        return node_labels.node_patch(
+            f"{self.node.ident}-labels",
+            self.hostname,
+            node_labels.stage_labels(self.node.stage, self.cfg.pilot_label_pair),
+            opts=pulumi.ResourceOptions(parent=self, provider=self.ctx.k8s_provider, depends_on=deps),
+        )
+
+    def migrate(self, after: list[pulumi.Resource], operator_namespace: pulumi.Input[str],
+                fenced: Optional[pulumi.Input[list[str]]] = None, evict: Optional[dict[str, Any]] = None) -> None:
+        """Replace the worker (after `after`), switch it to its stage's path, verify a rollback, check readiness."""
+        self.before_hook = hooks.node_hook(
+            "before-replace", self.cfg.hooks.before_replace, self.node, self.node.name, self.node.worker_id,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, self.fence]),
+        )
+        self._replace(after, evict)
+        self._switch()
+        self._verify(operator_namespace, fenced)
+        self.done_by = [self.pending]
+
+    def _replace(self, after: list[pulumi.Resource], evict: Optional[dict[str, Any]]) -> None:
+        """A worker replaced at the target version (idempotent once done); its node name can change."""
+        node, cfg, t = self.node, self.cfg, self.cfg.timeouts
+        self.replacement = WorkerReplacement(
+            f"{node.ident}-replacement",
+            cluster=cfg.cluster_name,
+            worker_id=node.worker_id,
+            node_name=node.name,
+            kube_version=cfg.kube_version,
+            api=self.ctx.ibm_api,
+            timeout=t.worker_replace,
+            poll_interval=t.poll_interval,
+            # The only GPU node is replaced only with a temporary GPU pool to take its workloads.
+            single_gpu_node=len(cfg.nodes) == 1 and not cfg.temp_gpu_pool.enabled,
+            # Before each replaceWorker (also on a kubeVersion bump) the node is cordoned and its pods evicted.
+            evict=evict,
+            opts=pulumi.ResourceOptions(parent=self,
+                                        depends_on=[*after, *filter(None, [self.fence, self.before_hook])]),
+        )
+        self.hostname = self.replacement.node_name
+        self.hostname.apply(lambda actual: _warn_renamed(node, actual))
+
+    def _switch(self) -> None:
+        """Device plugin <-> DRA, step by step (never both paths at once); a no-op when the node is already there.
+        Back on the device plugin, a check pod proves the plugin serves the node's GPU (RollbackVerification)."""
+        node, cfg, t = self.node, self.cfg, self.cfg.timeouts
+        self.switch = NodePathSwitch(
+            f"{node.ident}-switch",
+            kubeconfig=cfg.kubeconfig,
+            node=self.hostname,
+            target=node.stage,
+            pilot_label=cfg.pilot_label,
+            device_plugin_resource=cfg.device_plugin_resource,
+            extended_resource=cfg.extended_resource_name,
+            driver=cfg.dra_driver_name,
+            drain_timeout=t.drain,
+            switch_timeout=t.path_switch,
+            poll_interval=t.poll_interval,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.replacement, *filter(None, [self.before_hook])]),
+        )
+        if node.stage != "device-plugin":
+            return
+        self.rollback = RollbackVerification(
+            f"{node.ident}-rollback",
+            kubeconfig=cfg.kubeconfig,
+            node=self.hostname,
+            rolling_back=self.switch.rolling_back,
+            extended_resource=cfg.device_plugin_resource,  # the check pod must get its GPU from the plugin
+            image=cfg.smoke_test.image,
+            namespace=cfg.smoke_test.namespace,
+            timeout=t.smoke_test,
+            poll_interval=t.poll_interval,
+            tolerations=cfg.tolerations,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.switch]),
+        )
+
+    def _verify(self, operator_namespace: pulumi.Input[str], fenced: Optional[pulumi.Input[list[str]]]) -> None:
+        """Operand pods up and GPUs allocatable on the replaced node; operands start asynchronously after the install,
+        so their placement is checked again once this node is ready; then the GPU pods still Pending (the runbook
+        expects Pending GPU workloads to run once the node's driver is in). The next batch waits for this."""
+        node, cfg, t = self.node, self.cfg, self.cfg.timeouts
+        self.readiness = OperatorReadiness(
+            f"{node.ident}-operator-ready",
+            kubeconfig=cfg.kubeconfig,
+            node=self.hostname,
+            stage=node.stage,
+            namespace=operator_namespace,  # resolves once the operator, its placement check and DRA driver are in
+            driver=cfg.dra_driver_name,
+            device_plugin_resource=cfg.device_plugin_resource,
+            dra_namespace=cfg.dra_driver.namespace if node.stage == "dra" else None,
+            config_name=node.name,
+            timeout=t.operator_ready,
+            poll_interval=t.poll_interval,
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[self.switch, *filter(None, [self.replacement, self.rollback])]
+            ),
+        )
+        checked: list[pulumi.Resource] = [self.readiness]
+        if fenced is not None:
+            self.placement = OperandPlacement(
+                f"{node.ident}-operand-placement", kubeconfig=cfg.kubeconfig, namespace=cfg.gpu_operator.namespace,
+                fenced=fenced, operator_min_version=OPERATOR_MIN_VERSION,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.readiness]),
+            )
+            checked = [self.placement]
+        self.pending = PendingGpuPods(
+            f"{node.ident}-pending-gpu-pods",
+            kubeconfig=cfg.kubeconfig,
+            node=self.hostname,
+            resources=sorted({cfg.device_plugin_resource, cfg.extended_resource_name}),
+            gate=cfg.pending_gpu_pods_gate,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=checked),
+        )
+
+    def declare_smoke_test(self, cfg: MigrationConfig, ctx: Context, deps: list[pulumi.Resource]) -> None:
+        self.smoke_pod = smoke_pod.smoke_pod(
+            self.node.ident,
+            self.hostname,
+            cfg.smoke_test,
+            cfg.extended_resource_name,
+            cfg.pilot_label_pair,
+            tolerations=cfg.tolerations,
+            opts=pulumi.ResourceOptions(parent=self, provider=ctx.k8s_provider, depends_on=deps),
+        )
+        t = cfg.timeouts
+        self.verification = SmokeTestVerification(
+            f"{self.node.ident}-smoke-verification",
+            kubeconfig=cfg.kubeconfig,
+            namespace=cfg.smoke_test.namespace,
+            pod_name=self.smoke_pod.metadata.name,
+            pod_uid=self.smoke_pod.metadata.uid,
+            node=self.hostname,
+            driver=cfg.dra_driver_name,
+            extended_resource=cfg.extended_resource_name,
+            dra_namespace=cfg.dra_driver.namespace,
+            timeout=t.smoke_test,
+            poll_interval=t.poll_interval,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.smoke_pod]),
+        )
+        self.done_by.append(self.verification)
+
+    def declare_after_hook(self) -> None:
+        """After everything that verifies this node: its path switch, readiness, operand placement, pending GPU pods,
+        rollback check, smoke verification."""
+        checks = [r for r in (self.switch, self.readiness, self.placement, self.pending, self.rollback,
+                              self.verification) if r is not None]
+        self.after_hook = hooks.node_hook(
+            "after-verification", self.cfg.hooks.after_verification, self.node, self.hostname,
+            self.replacement.new_worker_id, opts=pulumi.ResourceOptions(parent=self, depends_on=checks),
+        )
+
+
+def _warn_renamed(node: Node, actual: Optional[str]) -> None:
+    """The new node is recorded in state (output node:<key>.nodeName); later runs use it, so nothing must change."""
+    if actual and actual != node.name:
+        pulumi.log.info(
+            f"node {node.name!r} (worker {node.worker_id}) was replaced; its node is now {actual!r}, recorded in the "
+            f"stack state (`pulumi stack output`). Nothing to change in gpu-migration:nodes; to show the new name "
+            f"there, set name: {actual!r} and key: {node.ident!r} so its resources keep their identity"
+        )

@@ -1,0 +1,31 @@
+"""GpuOperator: the NVIDIA GPU Operator's Helm release, installed only once every node that keeps IBM's drivers is
+fenced (never next to IBM's drivers), and the runbook's check that none of its operands runs on such a node."""
+from typing import Optional, Sequence
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from ..config import OPERATOR_MIN_VERSION, MigrationConfig
+from ..kube.operands import OperandPlacement
+from ..state_compat import WAS_AT_ROOT
+from . import charts
+from .gpu_node import GpuNode
+
+
+class GpuOperator(pulumi.ComponentResource):
+    """`release` after every fence; `placement` checks the operand pods against the fenced nodes (`fenced_names`)."""
+
+    def __init__(self, cfg: MigrationConfig, provider: Optional[k8s.Provider], gpu_nodes: Sequence[GpuNode],
+                 inventory: pulumi.Resource):
+        super().__init__("gpu-migration:index:GpuOperator", "gpu-operator")
+        fences = [r for n in gpu_nodes for r in (n.fence, n.labels) if r is not None]
+        self.release = charts.gpu_operator_release(cfg.gpu_operator, opts=pulumi.ResourceOptions(
+            parent=self, provider=provider, depends_on=[*fences, inventory], aliases=WAS_AT_ROOT))
+        self.fenced_names: pulumi.Output[list[str]] = pulumi.Output.all(
+            *[n.fenced_name() for n in gpu_nodes]).apply(lambda names: sorted(filter(None, names)))
+        self.placement = OperandPlacement(
+            "operand-placement", kubeconfig=cfg.kubeconfig, namespace=cfg.gpu_operator.namespace,
+            fenced=self.fenced_names, operator_min_version=OPERATOR_MIN_VERSION,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.release], aliases=WAS_AT_ROOT),
+        )
+        self.register_outputs({})

@@ -1,0 +1,151 @@
+"""Declares the whole migration for one stack from its validated config, in the order of operations.
+
+  GPU node inventory (every GPU node of the cluster listed; nothing is touched before) -> master version ->
+  [temporary GPU pool] -> every node's fence (GpuNode) -> the GPU Operator, only once every node that keeps IBM's
+  drivers is fenced, and its operand-placement check (GpuOperator) -> [DRA driver + DeviceClass after the master
+  (DraPath)] -> the plan's batches (Rollout: a CapacityGate per batch, registered only once the previous batch is
+  done), each node of a batch: [beforeReplace hook] -> worker replacement (drain, replaceWorker) -> path switch ->
+  [rollback check] -> operator readiness -> operand placement -> pending GPU pods; per batch with dra nodes: DRA
+  preflight -> smoke pods -> smoke verification (which uncordons) -> [afterVerification hook].
+"""
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from ..config import OPERATOR_MIN_VERSION, MigrationConfig
+from ..iks.master import MasterVersion
+from ..iks.pool import TempGpuPool
+from ..kube.inventory import GpuNodeInventory
+from ..plan import Plan, plan_for
+from ..sdk_workarounds import detached, once_done
+from . import dra_path, rollout
+from .gpu_node import Context, GpuNode
+from .gpu_operator import GpuOperator
+
+
+@dataclass
+class Declared:
+    """Handles on what was declared, for stack outputs and tests."""
+    master: Any = None
+    temp_pool: Any = None
+    gpu_operator: Any = None
+    dra_driver: Any = None
+    device_class: Any = None
+    inventory: Any = None
+    operand_placement: Any = None
+    plan: Optional[Plan] = None
+    gates: list[Any] = field(default_factory=list)
+    preflights: list[Any] = field(default_factory=list)  # one per batch with dra nodes
+    nodes: dict[str, "GpuNode"] = field(default_factory=dict)
+
+
+def ibm_api(cfg: MigrationConfig) -> dict[str, Any]:
+    """IKS endpoints and the IAM API key (secret config `gpu-migration:ibmApiKey`, else IC_API_KEY in the provider)."""
+    return {
+        "endpoint": cfg.ibm_cloud.endpoint,
+        "iam_endpoint": cfg.ibm_cloud.iam_endpoint,
+        "api_key": pulumi.Config("gpu-migration").get_secret("ibmApiKey"),
+    }
+
+
+def eviction_settings(cfg: MigrationConfig, temp_pool: Any) -> dict[str, Any]:
+    """kube/eviction.py settings for every WorkerReplacement: with a temporary pool, its nodes must offer GPUs first."""
+    resources = list(dict.fromkeys([cfg.device_plugin_resource, "nvidia.com/gpu"]))
+    return {
+        "kubeconfig": cfg.kubeconfig,
+        "timeout": cfg.timeouts.evict,
+        "poll_interval": cfg.timeouts.poll_interval,
+        "gpu_nodes": temp_pool.node_names if temp_pool is not None else [],
+        "gpu_resources": resources,
+    }
+
+
+def declare(cfg: MigrationConfig) -> Declared:
+    out = Declared()
+    own_class = dra_path.own_class_for(cfg) if cfg.nodes_in("dra") else None  # bad DRA values fail here, at preview
+    warn_two_names(cfg)
+    provider = k8s.Provider("cluster", kubeconfig=cfg.kubeconfig) if cfg.kubeconfig else None
+    ctx = Context(k8s_provider=provider, ibm_api=ibm_api(cfg))
+    out.inventory = inventory(cfg)
+    out.master = master_version(cfg, ctx, out.inventory)
+    out.temp_pool = temp_gpu_pool(cfg, ctx, out.master)
+    after = [out.master, out.inventory, *filter(None, [out.temp_pool])]
+    gpu_nodes = [GpuNode(n, cfg, ctx, out.inventory) for n in cfg.nodes]
+    operator = GpuOperator(cfg, provider, gpu_nodes, out.inventory)
+    out.gpu_operator, out.operand_placement = operator.release, operator.placement
+    ready_after: list[pulumi.Resource] = [operator.release, operator.placement]
+    dra = dra_path.DraPath(cfg, ctx, out.master, own_class) if own_class is not None else None
+    if dra is not None:
+        out.dra_driver, out.device_class, out.preflights = dra.driver, dra.device_class, dra.preflights
+        ready_after.append(dra.driver)
+    out.plan = plan_for(cfg)
+    rollout.show(out.plan)
+    # What every node waits for goes without dependency edges (sdk_workarounds.py, 2.): the operator depends on every
+    # fence, and the fenced names carry every fence, which each node's placement check already follows.
+    evict = eviction_settings(cfg, out.temp_pool)
+    operator_namespace, fenced = once_done(cfg.gpu_operator.namespace, ready_after), detached(operator.fenced_names)
+    first_after = once_done([], [operator.release]) if out.temp_pool is not None else None  # the pool's GPUs first
+    out.nodes = {n.node.ident: n for n in gpu_nodes}
+    out.gates = rollout.Rollout(
+        out.plan, {n.node.name: n for n in gpu_nodes}, cfg, after,
+        lambda gpu_node, deps: gpu_node.migrate(deps, operator_namespace, fenced, evict), first_after,
+        dra.verify_batch if dra is not None else None).gates
+    for gpu_node in gpu_nodes:
+        gpu_node.register_outputs({"stage": gpu_node.node.stage})
+        if gpu_node.node.stage != "ibm-managed":
+            gpu_node.declare_after_hook()
+    return out
+
+
+def inventory(cfg: MigrationConfig) -> GpuNodeInventory:
+    """Every GPU node of the cluster must be in the config before anything changes (never the operator next to IBM's
+    drivers on a node the config forgot)."""
+    return GpuNodeInventory(
+        "gpu-node-inventory",
+        kubeconfig=cfg.kubeconfig,
+        configured={n.name: n.stage for n in cfg.nodes},
+        worker_ids={n.worker_id: n.name for n in cfg.nodes},
+        operator_min_version=OPERATOR_MIN_VERSION,
+        temp_pool=cfg.temp_gpu_pool.name if cfg.temp_gpu_pool.enabled else None,
+    )
+
+
+def master_version(cfg: MigrationConfig, ctx: Context, inventory: pulumi.Resource) -> MasterVersion:
+    """The master at the target version before any worker is replaced."""
+    return MasterVersion("master-version", cluster=cfg.cluster_name, version=cfg.kube_version, api=ctx.ibm_api,
+                         timeout=cfg.timeouts.master_update, poll_interval=cfg.timeouts.poll_interval,
+                         opts=pulumi.ResourceOptions(depends_on=[inventory]))
+
+
+def temp_gpu_pool(cfg: MigrationConfig, ctx: Context, master: pulumi.Resource) -> Optional[TempGpuPool]:
+    """Surge capacity (and, with a single GPU node, somewhere for its GPU workloads to go)."""
+    pool = cfg.temp_gpu_pool
+    if not pool.enabled:
+        return None
+    return TempGpuPool("temp-gpu-pool", cluster=cfg.cluster_name, pool_name=pool.name, flavor=pool.flavor,
+                       zone=pool.zone, vpc_id=pool.vpc_id, subnet_id=pool.subnet_id, size_per_zone=pool.size_per_zone,
+                       api=ctx.ibm_api, timeout=cfg.timeouts.worker_pool, poll_interval=cfg.timeouts.poll_interval,
+                       opts=pulumi.ResourceOptions(depends_on=[master]))
+
+
+def warn_two_names(cfg: MigrationConfig) -> None:
+    if not cfg.one_name_on_both_paths:
+        pulumi.log.warn(
+            f"extendedResourceName {cfg.extended_resource_name} differs from devicePluginResourceName "
+            f"{cfg.device_plugin_resource}: pods must request {cfg.extended_resource_name} to land on dra nodes and "
+            f"{cfg.device_plugin_resource} elsewhere; only nvidia.com/gpu gives one name on both paths")
+
+
+def export(out: Declared) -> None:
+    """Per-node stage, worker and verification, read by operators and `pulumi stack output`."""
+    for name, gpu_node in out.nodes.items():
+        entry: dict[str, Any] = {"stage": gpu_node.node.stage, "workerId": gpu_node.node.worker_id,
+                                 "configName": gpu_node.node.name, "nodeName": gpu_node.node.name}
+        if gpu_node.replacement is not None:  # the worker and node as they are now (read by status)
+            entry["replacedWorkerId"] = gpu_node.replacement.new_worker_id
+            entry["nodeName"] = gpu_node.replacement.node_name
+        if gpu_node.verification is not None:
+            entry["smokeTest"] = gpu_node.verification.result
+        pulumi.export(f"node:{name}", entry)

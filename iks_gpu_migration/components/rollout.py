@@ -1,0 +1,119 @@
+"""Rollout: the plan's batches declared, a CapacityGate per batch, the batch's nodes after it, the next batch after them.
+
+Why the order between batches is not a `depends_on` chain: the SDK's cycle check walks every transitive dependency of
+each new edge (sdk_workarounds.py, 2.); a chain through all nodes makes that walk O(n) per edge, O(n^2) per program,
+and recursion O(n) deep: 1000 nodes raised RecursionError.
+
+Instead the next batch's gate takes an input (`after`) whose future resolves only once every node of the previous
+batch is done, and which carries no resources. The SDK registers a resource only after its inputs resolve, and the
+engine answers RegisterResource only once the step finished, so batch i+1 reaches the engine after batch i is done,
+while the dependency graph stays a constant depth per node. A failed node makes that future fail: the next gate is
+never registered, later batches never start, and nodes already running finish (the engine lets in-flight steps end).
+In preview nothing runs, so the gates get the same value (the previous batch's configured names) at once instead of
+waiting for the previous batch's registrations: preview stays O(n) even at one node per batch, and shows every batch.
+"""
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+import pulumi
+
+from ..kube import capacity_gate
+from ..plan import Batch, Plan
+from ..sdk_workarounds import edge_free
+from ..state_compat import WAS_AT_ROOT
+
+if TYPE_CHECKING:
+    from .gpu_node import GpuNode
+
+
+# pulumi/dynamic/__main__.py: grpc.server(futures.ThreadPoolExecutor(max_workers=4)) serves every dynamic resource.
+DYNAMIC_PROVIDER_WORKERS = 4
+
+
+def show(plan: Plan) -> None:
+    """The plan in `pulumi preview`, and a warning when a batch is wider than what progresses at once."""
+    if pulumi.runtime.is_dry_run():
+        pulumi.log.info(plan.render())
+    if plan.budget.batch_size > DYNAMIC_PROVIDER_WORKERS:
+        pulumi.log.warn(
+            f"batches of {plan.budget.batch_size} nodes: the Python dynamic-provider host runs at most "
+            f"{DYNAMIC_PROVIDER_WORKERS} provider operations at once, so at most that many nodes of a batch progress "
+            f"together (see docs/fleet-scale.md)"
+        )
+
+
+class BatchStopped(RuntimeError):
+    """A node of the previous batch failed, so this batch was not started."""
+
+
+def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int) -> pulumi.Output:
+    """`batch.nodes` (the configured names, the same value preview shows), resolved only once every node of the batch
+    is done; carries no resources on purpose (see the module docstring)."""
+
+    async def wait() -> list[str]:
+        for gpu_node in nodes:
+            try:  # the node's last checks before the next batch may go (GpuNode.done_by)
+                for resource in gpu_node.done_by:
+                    await resource.urn.future()
+            except BatchStopped:
+                raise  # an earlier batch failed: say so once, not nested per batch
+            except Exception as e:  # noqa: BLE001 - any failure of the node stops later batches
+                raise BatchStopped(
+                    f"batch {next_index} and later were not started: node {gpu_node.node.name} of batch "
+                    f"{batch.index} did not finish ({e}); fix it and run `pulumi up` again "
+                    f"(finished nodes are not redone)"
+                ) from None
+        return list(batch.nodes)
+
+    return edge_free(wait())
+
+
+class Rollout(pulumi.ComponentResource):
+    """The plan's batches: one CapacityGate per batch (children of this component); each node of a batch migrates
+    (`migrate(node, after)`) after its gate and `after` (inventory, master, temporary pool). `first_after` (a
+    `once_done([], ...)` value) holds the first gate back without a dependency edge, e.g. until the GPU Operator runs
+    on the temporary pool. `finish(index, members)` declares what verifies a batch once its nodes are declared
+    (before the next batch's gate waits for them)."""
+
+    def __init__(self, plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after: list[pulumi.Resource],
+                 migrate: Callable[["GpuNode", list[pulumi.Resource]], None],
+                 first_after: Optional[pulumi.Output] = None,
+                 finish: Optional[Callable[[int, list["GpuNode"]], None]] = None):
+        super().__init__("gpu-migration:index:Rollout", "rollout")
+        self.gates: list[capacity_gate.CapacityGate] = []
+        previous: Optional[tuple[Batch, list["GpuNode"]]] = None
+        preview = pulumi.runtime.is_dry_run()
+        for batch in plan.batches:
+            if previous is None and first_after is not None:
+                waits_for: Any = first_after
+            elif preview or previous is None:
+                waits_for = list(batch.after)
+            else:  # made only when a later batch awaits it (an unawaited failure would be reported twice)
+                waits_for = when_done(*previous, batch.index)
+            gate = self._gate(batch, plan, gpu_nodes, cfg, waits_for, after)
+            members = [gpu_nodes[name] for name in batch.nodes]
+            for gpu_node in members:
+                migrate(gpu_node, [*after, gate])
+            if finish is not None:
+                finish(batch.index, members)
+            previous = (batch, members)
+        self.register_outputs({})
+
+    def _gate(self, batch: Batch, plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, waits_for: Any,
+              after: list[pulumi.Resource]) -> capacity_gate.CapacityGate:
+        gate = capacity_gate.CapacityGate(
+            batch.gate_name,
+            kubeconfig=cfg.kubeconfig,
+            index=batch.index,
+            batch=batch.nodes,
+            stages={name: gpu_nodes[name].node.stage for name in batch.nodes},
+            kube_version=cfg.kube_version,
+            after=waits_for,
+            selector=cfg.gpu_node_selector,
+            min_available=plan.budget.min_available,
+            soak_seconds=batch.soak_seconds,
+            timeout=cfg.timeouts.capacity_gate,
+            poll_interval=cfg.timeouts.poll_interval,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=after, aliases=WAS_AT_ROOT),
+        )
+        self.gates.append(gate)
+        return gate

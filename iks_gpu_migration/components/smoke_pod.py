@@ -1,0 +1,55 @@
+"""Smoke-test Pods: one per `dra` node, requesting one extended resource through the pilot path."""
+from typing import Optional
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from ..common.names import smoke_pod_name
+from ..config import SmokeTest
+
+UNSCHEDULABLE = {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def smoke_namespace(smoke: SmokeTest, opts: Optional[pulumi.ResourceOptions] = None) -> k8s.core.v1.Namespace:
+    return k8s.core.v1.Namespace(
+        "smoke-namespace", metadata=k8s.meta.v1.ObjectMetaArgs(name=smoke.namespace), opts=opts
+    )
+
+
+def smoke_pod(
+    node_name: str,
+    hostname: pulumi.Input[str],
+    smoke: SmokeTest,
+    extended_resource_name: str,
+    pilot_label: tuple[str, str],
+    opts: Optional[pulumi.ResourceOptions] = None,
+    tolerations: Optional[list[dict[str, str]]] = None,
+) -> k8s.core.v1.Pod:
+    """The node stays cordoned (NodePathSwitch) until this pod passed, so it tolerates the cordon, and the GPU nodes'
+    own taints (gpu-migration:gpuTaints)."""
+    one_gpu = {extended_resource_name: "1"}
+    tolerate = [UNSCHEDULABLE, *(tolerations or [])]
+    return k8s.core.v1.Pod(
+        f"smoke-{node_name}",
+        metadata=k8s.meta.v1.ObjectMetaArgs(
+            name=smoke_pod_name(node_name),
+            namespace=smoke.namespace,
+            labels={"app.kubernetes.io/name": "gpu-smoke-test"},
+            # The pod runs to completion; SmokeTestVerification does the waiting and judging.
+            annotations={"pulumi.com/skipAwait": "true"},
+        ),
+        spec=k8s.core.v1.PodSpecArgs(
+            restart_policy="Never",
+            node_selector={"kubernetes.io/hostname": hostname, pilot_label[0]: pilot_label[1]},
+            tolerations=[k8s.core.v1.TolerationArgs(**t) for t in tolerate],
+            containers=[
+                k8s.core.v1.ContainerArgs(
+                    name="smoke",
+                    image=smoke.image,
+                    command=smoke.command,
+                    resources=k8s.core.v1.ResourceRequirementsArgs(requests=one_gpu, limits=one_gpu),
+                )
+            ],
+        ),
+        opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(delete_before_replace=True)),
+    )

@@ -1,0 +1,93 @@
+"""Rules across config fields: each `@cross_check(field, ...)` runs whenever the fields it names are valid on their own,
+and yields Problem(location, message) naming the exact key (pydantic model validators would be skipped once any field
+fails, and could only name the whole model)."""
+from dataclasses import dataclass
+from typing import Callable, Iterable, Union
+
+from pydantic.alias_generators import to_camel
+
+from ..common.versions import version_at_least
+from ..plan import PlanError, resolve_max_unavailable
+from .model import MIN_MINOR, MigrationConfig, Node, Timeouts
+
+
+Loc = tuple[Union[str, int], ...]
+
+
+@dataclass(frozen=True)
+class Problem:
+    loc: Loc  # camelCase keys and list indexes under gpu-migration:, e.g. ("nodes", 1, "stage")
+    message: str
+
+
+CrossCheck = Callable[[MigrationConfig], Iterable[Problem]]
+
+
+CROSS_CHECKS: list[tuple[tuple[str, ...], CrossCheck]] = []
+
+
+def cross_check(*fields: str) -> Callable[[CrossCheck], CrossCheck]:
+    """Register a check over `fields` (snake_case); it runs whenever those fields are valid on their own."""
+    def register(check: CrossCheck) -> CrossCheck:
+        CROSS_CHECKS.append((fields, check))
+        return check
+    return register
+
+
+def valid_nodes(cfg: MigrationConfig) -> Iterable[tuple[int, Node]]:
+    """(index, node) of every node entry that is valid on its own (a partial config keeps the others as None)."""
+    return ((i, n) for i, n in enumerate(cfg.nodes) if n is not None)
+
+
+@cross_check("nodes")
+def _unique_nodes(cfg: MigrationConfig) -> Iterable[Problem]:
+    # ident (key, else name) names each node's resources, so it must be unique too.
+    for field in ("name", "worker_id", "ident"):
+        first: dict[str, int] = {}
+        for i, node in valid_nodes(cfg):
+            value = getattr(node, field)
+            if value in first:
+                where = ("key" if node.key else "name") if field == "ident" else to_camel(field)
+                what = "key (or name)" if field == "ident" else to_camel(field)
+                yield Problem(("nodes", i, where),
+                              f"duplicate node {what} {value!r} in nodes (also nodes[{first[value]}])")
+            first.setdefault(value, i)
+
+
+@cross_check("nodes", "kube_version")
+def _version_supports_stages(cfg: MigrationConfig) -> Iterable[Problem]:
+    """The GPU Operator path needs workers at >= 1.36, DRA extended resources >= 1.37."""
+    for i, node in valid_nodes(cfg):
+        needed = MIN_MINOR.get(node.stage, 0)
+        if not version_at_least(cfg.kube_version, f"1.{needed}"):
+            yield Problem(("nodes", i, "stage"), f"node {node.name!r} is at stage {node.stage!r}, which needs "
+                                                 f"kubeVersion >= 1.{needed} (got {cfg.kube_version!r})")
+
+
+@cross_check("temp_gpu_pool")
+def _temp_pool_complete(cfg: MigrationConfig) -> Iterable[Problem]:
+    # A VPC worker pool needs all four; IKS would refuse it mid-`up` otherwise.
+    pool = cfg.temp_gpu_pool
+    if pool.enabled:
+        for key in ("flavor", "zone", "vpc_id", "subnet_id"):
+            if not getattr(pool, key):
+                yield Problem(("tempGpuPool", to_camel(key)), "is required when tempGpuPool.enabled is true")
+
+
+@cross_check("max_unavailable", "nodes", "temp_gpu_pool")
+def _budget(cfg: MigrationConfig) -> Iterable[Problem]:
+    """maxUnavailable must let the plan progress (plan.resolve_max_unavailable): 0 needs surge capacity."""
+    try:
+        resolve_max_unavailable(cfg.max_unavailable, len(cfg.nodes), cfg.surge)
+    except PlanError as e:
+        yield Problem(("maxUnavailable",), str(e))
+
+
+@cross_check("timeouts")
+def _poll_below_timeouts(cfg: MigrationConfig) -> Iterable[Problem]:
+    t = cfg.timeouts
+    shortest = min((getattr(t, f), f) for f in Timeouts.model_fields if f != "poll_interval")
+    if t.poll_interval >= shortest[0]:
+        yield Problem(("timeouts", "pollInterval"), f"{t.poll_interval:g}s is not below timeouts."
+                                                    f"{to_camel(shortest[1])} ({shortest[0]:g}s): nothing would be "
+                                                    f"polled twice")

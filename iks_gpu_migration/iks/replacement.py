@@ -1,0 +1,256 @@
+"""WorkerReplacement: one worker replaced (update=true) by a worker at the target version, resumable from IKS's state."""
+import time
+from typing import Any, Optional
+
+import pulumi
+import pulumi.dynamic as dyn
+
+from ..common.versions import version_at_least
+from ..common.waiting import WaitTimeout, optional_float, wait_for
+from .api import IksApiError, IksClient
+from . import claims
+from .claims import failed_worker_error, find_replacement, recorded_by_other_entries
+from .master import wait_master_at
+from .provider import ReplacementError, Streak, _IksProvider, _log, _public, same_minor
+from .workers import describe_worker, is_deleted, is_deleting, is_deployed, is_failed, is_ready, primary_ip, worker_version
+
+
+_RECORDED = ("old_worker_id", "new_worker_id", "node_name", "actual_version")
+
+
+class WorkerReplacementProvider(_IksProvider):
+    """Outputs record the worker this resource ended with (`new_worker_id`) and its node (`node_name`): a later
+    kubeVersion bump starts from them, so the config never has to be edited after a replacement."""
+
+    def create(self, props: dict[str, Any]) -> dyn.CreateResult:
+        return dyn.CreateResult(props["worker_id"], self._replace(props, props["worker_id"]))
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.DiffResult:
+        """Another cluster, or a worker other than the recorded old/new one, replaces; a kubeVersion change is an
+        update that replaces the current worker (from state) once."""
+        recorded = {olds.get("old_worker_id"), olds.get("new_worker_id"), olds.get("worker_id")}
+        replaces = ["cluster"] if olds.get("cluster") != news.get("cluster") else []
+        if news.get("worker_id") not in recorded:
+            replaces.append("worker_id")
+        # `pulumi refresh` found the recorded worker gone (replaced outside Pulumi): the update follows it.
+        drifted = olds.get("worker_state") == "deleted"
+        changed = bool(replaces) or drifted or olds.get("kube_version") != news.get("kube_version")
+        return dyn.DiffResult(changes=changed, replaces=replaces, delete_before_replace=False)
+
+    def read(self, id_: str, props: dict[str, Any]) -> dyn.ReadResult:
+        """`pulumi refresh`: the recorded new worker as IKS has it now — its state, version and node. A worker
+        replaced outside Pulumi reads `deleted`; the next `up` then follows it to its replacement (no new replace)."""
+        worker = self.client(props).get_worker(props["cluster"], props.get("new_worker_id") or props["worker_id"])
+        state = ((worker or {}).get("lifecycle") or {}).get("actualState") or "deleted"
+        outs = {**props, "worker_state": state}
+        if worker and state != "deleted":
+            outs["actual_version"] = (worker.get("kubeVersion") or {}).get("actual") or props.get("actual_version")
+            outs["node_name"] = primary_ip(worker) or props.get("node_name")
+        return dyn.ReadResult(id_, outs)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.UpdateResult:
+        """kubeVersion bump: replace the worker this resource ended with last time (never the configured old ID).
+        After a refresh that found that worker replaced outside Pulumi, the same resumable path follows it to the
+        worker that took its place instead of replacing anything."""
+        current = olds.get("new_worker_id") or news["worker_id"]
+        outs = self._replace(news, current)
+        return dyn.UpdateResult({**outs, "old_worker_id": current, "worker_state": "deployed"})
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        _log(f"worker replacement {props.get('old_worker_id')} -> {props.get('new_worker_id')}: "
+             f"nothing to delete (a replaced worker cannot be un-replaced)")
+
+    def _replace(self, props: dict[str, Any], start: str) -> dict[str, Any]:
+        """Resumable: each poll reads the real worker state and takes the next step from there.
+
+        current worker created by this run, or at target -> wait until deployed/normal/Ready on several readings;
+        current worker being deleted                      -> follow it to its replacement and keep waiting;
+        current worker failed                             -> stop with IKS's message;
+        current worker deployed, older                    -> gates (master, only GPU node, eviction), then request
+                                                             replace(update=true) once, remembering the IDs seen.
+        A worker this resource followed to is never replaced again, whatever fix pack IKS gave it.
+        """
+        cluster, target = props["cluster"], props["kube_version"]
+        timeout, interval = self.timing(props, 5400)
+        grace = optional_float(props.get("rebalance_timeout"), 900)
+        client = self.client(props)
+        others = frozenset(props.get("other_worker_ids") or []) - {start}
+        claimant = f"{cluster}/{start}"
+        streak = Streak(self.readings(props))
+        st: dict[str, Any] = {"current": start, "known": None, "requested": set(), "followed": [],
+                              "created": set(), "orphaned_at": None, "prepared": set()}
+        first = {w["id"]: w for w in client.list_workers(cluster, show_deleted=True)}.get(start)
+        if first is not None and self._needs_replacement(first, target):
+            # The gates (master, eviction) may take their own bounded time: not counted against the replace wait.
+            self._before_replace(client, props, first)
+            st["prepared"].add(start)
+
+        def poll() -> tuple[bool, Optional[dict], str]:
+            workers = client.list_workers(cluster, show_deleted=True)
+            claims.CLAIMS.observe(cluster, workers)
+            by_id = {w["id"]: w for w in workers}
+            cur = by_id.get(st["current"])
+            if cur is None:
+                raise ReplacementError(
+                    f"worker {st['current']} not found in cluster {cluster} (neither live nor deleted); "
+                    f"check workerId of node {props.get('node_name')} in gpu-migration:nodes"
+                )
+            if is_failed(cur):
+                raise failed_worker_error(cur, cluster, st["followed"][-1] if st["followed"] else start)
+            if is_deleting(cur):
+                resumed = st["known"] is None  # not requested by this process: its batch-mates' claims are unknown
+                pool = client.get_worker_pool(cluster, cur.get("poolID")) if resumed else None
+                recorded = recorded_by_other_entries(props) if resumed else frozenset()
+                candidates = find_replacement(cur, workers, pool, target, st["known"],
+                                              others | recorded | claims.CLAIMS.taken(cluster, claimant))
+                new = claims.CLAIMS.claim(cluster, claimant, candidates)
+                if new is None:
+                    return False, None, self._orphan(cur, cluster, st, grace)
+                if is_failed(new):  # never followed: IKS does not retry a failed worker by itself
+                    raise failed_worker_error(new, cluster, cur["id"])
+                _log(f"worker {cur['id']} of cluster {cluster} is replaced by {new['id']}")
+                st["followed"].append(cur["id"])
+                st["created"].add(new["id"])
+                st.update(current=new["id"], known=None, orphaned_at=None)
+                cur = new
+            if cur["id"] in st["created"]:
+                if worker_version(cur) and not same_minor(worker_version(cur), target):
+                    raise ReplacementError(
+                        f"IKS replaced worker {st['followed'][-1]} of cluster {cluster} by {cur['id']} at "
+                        f"{worker_version(cur)}, not at kubeVersion {target}; it is not replaced again. Check the "
+                        f"master version (`ibmcloud ks cluster get --cluster {cluster}`) and re-run `pulumi up`"
+                    )
+                return self._settled(cur, streak)
+            if version_at_least(worker_version(cur), target):
+                return self._settled(cur, streak)
+            if cur["id"] in st["requested"]:
+                return False, None, f"replacement requested, not started yet: {describe_worker(cur)}"
+            if is_deployed(cur):
+                if cur["id"] not in st["prepared"]:
+                    self._before_replace(client, props, cur)
+                    st["prepared"].add(cur["id"])
+                st["known"] = set(by_id)
+                st["requested"].add(cur["id"])
+                drained = primary_ip(cur) if props.get("evict") else None
+                self._request(client, cluster, cur, drained)
+                return False, None, f"replacement of worker {cur['id']} (update to {target}) requested"
+            return False, None, describe_worker(cur)
+
+        what = f"worker {start} of cluster {cluster} replaced at {target} (deployed, normal, Ready)"
+        try:
+            new = wait_for(what, poll, timeout, interval)
+        except WaitTimeout as e:
+            started = st["requested"] or st["followed"]
+            detail = (
+                f"the replacement of worker {start} was requested (new worker: "
+                f"{st['current'] if st['current'] != start else 'not visible yet'}); re-running `pulumi up` "
+                f"resumes waiting without replacing it again"
+                if started else f"worker {start} was not replaced; re-running `pulumi up` retries"
+            )
+            raise WaitTimeout(f"{e}; {detail}") from None
+        actual = worker_version(new)
+        if new["id"] in st["created"] and not version_at_least(actual, target):
+            pulumi.log.warn(f"worker {new['id']} runs {actual}: IKS's newest worker fix pack, not the pinned "
+                            f"kubeVersion {target}; it is not replaced again")
+        return {
+            **_public(props),
+            "old_worker_id": start,
+            "new_worker_id": new["id"],
+            "node_name": primary_ip(new) or props.get("node_name"),
+            "actual_version": actual,
+        }
+
+    @staticmethod
+    def _needs_replacement(worker: dict, target: str) -> bool:
+        return is_deployed(worker) and not is_deleting(worker) and not version_at_least(worker_version(worker), target)
+
+    @staticmethod
+    def _settled(worker: dict, streak: Streak) -> tuple[bool, Optional[dict], str]:
+        done = streak.see(worker["id"], is_ready(worker))
+        return done, worker, f"{describe_worker(worker)}; {streak.of(worker['id'])}"
+
+    @staticmethod
+    def _orphan(cur: dict, cluster: str, st: dict[str, Any], grace: float) -> str:
+        """The old worker is gone and no new one shows: with automatic rebalancing off IKS creates none."""
+        state = f"{describe_worker(cur)}; its replacement is not visible yet"
+        if not is_deleted(cur):
+            return state
+        st["orphaned_at"] = st["orphaned_at"] or time.monotonic()
+        if time.monotonic() - st["orphaned_at"] > grace:
+            pool = cur.get("poolName") or cur.get("poolID")
+            raise ReplacementError(
+                f"worker {cur['id']} of cluster {cluster} was deleted and no new worker appeared in its pool {pool} "
+                f"(zone {cur.get('location')}) within {grace:.0f}s: automatic rebalancing of the pool looks off, "
+                f"so IKS will not create the replacement. Rebalance the pool (`ibmcloud ks worker-pool rebalance "
+                f"--cluster {cluster} --worker-pool {pool}`) and re-run `pulumi up`: it picks up the new worker"
+            )
+        return state
+
+    def _before_replace(self, client: IksClient, props: dict[str, Any], worker: dict) -> None:
+        """The gates every replaceWorker passes: another GPU node exists, the master rests at the target, and the
+        node's workloads were moved off it (cordon + Eviction API)."""
+        cluster = props["cluster"]
+        if props.get("single_gpu_node"):
+            raise ReplacementError(
+                f"worker {worker['id']} is the only GPU node of cluster {cluster}: replacing it leaves GPU "
+                f"workloads nowhere to run; enable gpu-migration:tempGpuPool (flavor, zone) first. "
+                f"Nothing was replaced."
+            )
+        wait_master_at(client, cluster, props["kube_version"], props)
+        evict = props.get("evict")
+        if evict and primary_ip(worker):
+            from ..kube import eviction  # kubernetes is only needed when a node is drained
+            eviction.drain(primary_ip(worker), evict)
+
+    @staticmethod
+    def _request(client: IksClient, cluster: str, worker: dict, drained: Optional[str] = None) -> None:
+        """A refused request (4xx) is an error naming the worker, unless the worker is in fact being replaced."""
+        _log(f"replacing worker {worker['id']} of cluster {cluster} (update=true) from {worker_version(worker)}")
+        try:
+            client.replace_worker(cluster, worker["id"])
+        except IksApiError as e:
+            if not (e.status_code and 400 <= e.status_code < 500):
+                raise
+            after = client.get_worker(cluster, worker["id"])
+            if after is not None and is_deleting(after):
+                _log(f"worker {worker['id']} is already being replaced ({e})")
+                return
+            drain_note = (f"; its node {drained} was cordoned and drained before the request: `kubectl uncordon "
+                          f"{drained}` if you give up the replacement" if drained else "")
+            raise IksApiError(f"IKS refused the replacement, worker {worker['id']} is unchanged: {e}{drain_note}",
+                              e.status_code) from None
+
+
+class WorkerReplacement(dyn.Resource, module="gpu-migration", name="WorkerReplacement"):
+    """`worker_id` replaced (update=true) by a worker at `kube_version`; resumes an interrupted replacement."""
+
+    old_worker_id: pulumi.Output[str]
+    new_worker_id: pulumi.Output[str]
+    node_name: pulumi.Output[str]  # the new worker's Kubernetes node name (its primary private IP on VPC)
+    kube_version: pulumi.Output[str]
+    actual_version: pulumi.Output[str]
+
+    def __init__(
+        self,
+        name: str,
+        cluster: pulumi.Input[str],
+        worker_id: pulumi.Input[str],
+        node_name: pulumi.Input[str],
+        kube_version: pulumi.Input[str],
+        api: pulumi.Input[dict],
+        timeout: pulumi.Input[float] = 5400,
+        poll_interval: pulumi.Input[float] = 15,
+        other_worker_ids: Optional[pulumi.Input[list]] = None,
+        single_gpu_node: pulumi.Input[bool] = False,
+        evict: Optional[pulumi.Input[dict]] = None,
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ) -> None:
+        """`other_worker_ids`: workers of the other GPU nodes (configured and replaced IDs); optional, it only helps
+        tell this node's replacement apart from an already-migrated sibling when resuming.
+        `evict`: kube/eviction.py settings (kubeconfig, timeout, poll_interval, gpu_nodes, gpu_resources); when set,
+        the node is cordoned and its pods evicted before each replaceWorker."""
+        props = {"cluster": cluster, "worker_id": worker_id, "node_name": node_name, "kube_version": kube_version,
+                 "api": api, "timeout": timeout, "poll_interval": poll_interval,
+                 "other_worker_ids": other_worker_ids or [], "single_gpu_node": single_gpu_node, "evict": evict,
+                 "old_worker_id": None, "new_worker_id": None, "actual_version": None}
+        super().__init__(WorkerReplacementProvider(), name, props, opts)

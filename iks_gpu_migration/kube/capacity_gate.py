@@ -1,0 +1,101 @@
+"""CapacityGate: a batch of the plan starts only when the cluster can spare it.
+
+Reads every Node with the official kubernetes client and opens once, with the whole batch out, at least
+`min_available` GPU nodes (matching gpuNodeSelector) are Ready and schedulable (plan.gate_decision): nodes cordoned,
+NotReady or gone for any reason - maintenance, a node migrating outside this run, a node this program cordoned - count
+against the budget. Batch members are found by name or, once replaced (renamed), by the config entry their readiness
+check recorded on the Node. Waits (after an optional soak) bounded by timeouts.capacityGate, logging what it counts; a timeout names the
+unavailable nodes and leaves the batch untouched.
+
+Re-runs (replace) when its batch, the batch's stages, the budget or kubeVersion change, so dra switches and the
+replacements of a kubeVersion bump are gated like first replacements; an unchanged batch keeps its recorded gate,
+so a resumed `up` does not wait or soak again.
+"""
+import time
+from typing import Any, Optional, Sequence
+
+import pulumi
+from kubernetes import client
+from pulumi.dynamic import DiffResult, Resource
+
+from .. import plan
+from ..common.waiting import WaitTimeout, wait_for
+from .provider import CheckFailed, _Provider, _timing
+from .records import CONFIG_NAME_ANNOTATION
+
+
+def node_view(node: client.V1Node) -> plan.NodeView:
+    """Ready: the kubelet's NodeReady condition is True (k8s.io/api core/v1 types.go NodeReady; a node without it
+    has not reported and counts as not ready, as the node lifecycle controller treats it as Unknown)."""
+    conditions = (node.status.conditions or []) if node.status else []
+    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    # Cordoned is cordoned, whoever did it (also this program, CORDON_ANNOTATION): such a node takes no GPU pods.
+    return plan.NodeView(node.metadata.name, dict(node.metadata.labels or {}),
+                         bool(node.spec and node.spec.unschedulable), ready,
+                         (node.metadata.annotations or {}).get(CONFIG_NAME_ANNOTATION, ""))
+
+
+class _CapacityGateProvider(_Provider):
+    # kube_version: a kubeVersion bump replaces every migrated worker again, batch by batch behind its gate (issue 10).
+    rerun_on = ("batch", "stages", "min_available", "selector", "kube_version")
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        # A gate leaves nothing behind: the new one may check before the old record goes (no delete first).
+        result = super().diff(_id, olds, news)
+        return DiffResult(changes=result.changes, replaces=result.replaces, delete_before_replace=False)
+
+    def run(self, api, p):
+        p = {**p, "index": int(p["index"])}  # numbers come back from the engine as floats
+        what = f"capacity for batch {p['index']} ({', '.join(p['batch'])})"
+        soak = float(p.get("soak_seconds") or 0)
+        if soak and p.get("after"):
+            started = time.monotonic()
+            wait_for(f"soak of {soak:g}s after batch {p['index'] - 1} before {what}",
+                     lambda: (time.monotonic() - started >= soak, None, "soaking"),
+                     timeout=soak + 60, interval=min(soak, float(p.get("poll_interval") or 15)))
+
+        def poll():
+            views = [node_view(n) for n in client.CoreV1Api(api).list_node().items]
+            decision = plan.gate_decision(views, p["batch"], p["selector"], int(p["min_available"]))
+            return decision.open, decision, decision.state
+
+        try:
+            decision = wait_for(what, poll, **_timing(p, 3600))
+        except WaitTimeout as e:
+            raise CheckFailed(
+                f"{e}\nbatch {p['index']} was not started, none of its nodes was changed. Make the unavailable GPU "
+                f"nodes available (uncordon or repair them), raise gpu-migration:maxUnavailable, or enable "
+                f"gpu-migration:tempGpuPool for surge capacity, then run `pulumi up` again"
+            ) from None
+        pulumi.log.info(f"batch {p['index']} starts: {decision.state}")
+        return {"opened": decision.state}
+
+
+class CapacityGate(Resource, module="gpu-migration", name="CapacityGate"):
+    """Opens when the cluster keeps `min_available` GPU nodes available with `batch` out; nodes of the batch
+    depend on it."""
+
+    opened: pulumi.Output[str]
+
+    def __init__(
+        self,
+        name: str,
+        kubeconfig: pulumi.Input[Optional[str]],
+        index: int,
+        batch: Sequence[str],
+        stages: dict[str, str],
+        kube_version: str,
+        after: pulumi.Input[Sequence[str]],
+        selector: str,
+        min_available: int,
+        soak_seconds: float,
+        timeout: pulumi.Input[float],
+        poll_interval: pulumi.Input[float],
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ):
+        props: dict[str, Any] = dict(kubeconfig=kubeconfig, index=index, batch=list(batch), stages=stages,
+                                     kube_version=kube_version, after=after, selector=selector,
+                                     min_available=min_available,
+                                     soak_seconds=soak_seconds, timeout=timeout, poll_interval=poll_interval,
+                                     opened=None)
+        super().__init__(_CapacityGateProvider(), name, props, opts)

@@ -1,0 +1,173 @@
+"""GpuNodeInventory: every GPU node of the cluster is listed in gpu-migration:nodes and every entry has its node,
+checked before anything is changed (never the GPU Operator next to IBM's drivers on a node the config forgot)."""
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+from kubernetes import client
+from kubernetes.client import ApiClient
+from pulumi.dynamic import Resource
+
+from ..common.versions import version_at_least
+from .cluster import GPU_RESOURCE
+from .provider import CheckFailed, _bullets, _EveryUp
+from .records import CONFIG_NAME_ANNOTATION
+
+
+# IKS labels every worker node with its flavor and worker ID (read back by IBM's cloud provider:
+# IBM-Cloud/cloud-provider-ibm ibm/ibm_metadata_service.go, machineTypeLabel / workerIDLabel) and its worker pool
+# (ibm-cloud.kubernetes.io/worker-pool-name, IBM Cloud docs "Adding labels and taints to worker nodes"). IKS GPU
+# flavors are the gx families (e.g. gx3.16x80.l4, gx2.16x128.2v100).
+IKS_FLAVOR_LABEL = "ibm-cloud.kubernetes.io/machine-type"
+
+
+IKS_WORKER_ID_LABEL = "ibm-cloud.kubernetes.io/worker-id"
+
+
+IKS_POOL_LABEL = "ibm-cloud.kubernetes.io/worker-pool-name"
+
+
+IKS_ZONE_LABEL = "ibm-cloud.kubernetes.io/zone"
+
+
+ZONE_LABEL = "topology.kubernetes.io/zone"  # well-known label (kubernetes.io/docs/reference/labels-annotations-taints)
+
+
+GPU_FLAVOR_PREFIXES = ("gx",)
+
+
+def is_gpu_node(node: client.V1Node) -> bool:
+    """nvidia.com/gpu capacity (IBM's or the operator's device plugin), GFD's gpu.present label, or a GPU flavor."""
+    labels = node.metadata.labels or {}
+    capacity = {**((node.status and node.status.capacity) or {}), **((node.status and node.status.allocatable) or {})}
+    return (
+        GPU_RESOURCE in capacity
+        or labels.get("nvidia.com/gpu.present") == "true"
+        or labels.get(IKS_FLAVOR_LABEL, "").startswith(GPU_FLAVOR_PREFIXES)
+    )
+
+
+@dataclass
+class Inventory:
+    problems: list[str]
+    warnings: list[str]
+    # config name -> {"pool", "zone"} of its node, from this run and every earlier one (kept in the check's state):
+    # the evidence that lets a later run tell "its worker is being replaced" from "this name is wrong".
+    seen: dict[str, dict[str, str]]
+
+
+def _place(labels: dict[str, str]) -> dict[str, str]:
+    return {"pool": labels.get(IKS_POOL_LABEL, ""), "zone": labels.get(ZONE_LABEL) or labels.get(IKS_ZONE_LABEL, "")}
+
+
+def inventory(
+    api: ApiClient, configured: dict[str, str], worker_ids: dict[str, str], operator_min_version: str,
+    temp_pool: Optional[str] = None, seen: Optional[dict[str, dict[str, str]]] = None,
+) -> Inventory:
+    """Compares the cluster's GPU nodes with gpu-migration:nodes (`configured`: name -> stage, `worker_ids`: worker
+    ID -> config name); `seen`: the pool and zone of each entry's node as earlier runs found them.
+
+    Every GPU node must belong to an entry (by name, IKS worker ID, or the annotation OperatorReadiness sets on a
+    replaced node), and every entry must have a node. Two cases are explained by a replacement this program started
+    and an interruption cut short, and so only warn: an entry past `ibm-managed` whose node an earlier run saw but is
+    gone now (its worker is being replaced), paired one-to-one with an unlisted GPU node at or past
+    operator_min_version in the same worker pool and zone (its new worker, not yet tied to the entry). Everything
+    else is a problem that names the node: an unlisted GPU node on IBM's drivers (it would get the GPU Operator next
+    to them), any other unlisted GPU node, an `ibm-managed` entry with no node (its node would stay unfenced), and an
+    entry with no node that no run ever saw (a wrong name)."""
+    seen = dict(seen or {})
+    problems, warnings = [], []
+    unlisted: list[client.V1Node] = []
+    now: dict[str, dict[str, str]] = {}
+    for n in client.CoreV1Api(api).list_node().items:
+        labels, annotations = n.metadata.labels or {}, n.metadata.annotations or {}
+        name = n.metadata.name
+        owner = (name if name in configured else worker_ids.get(labels.get(IKS_WORKER_ID_LABEL, ""))
+                 or (annotations.get(CONFIG_NAME_ANNOTATION) if annotations.get(CONFIG_NAME_ANNOTATION) in configured
+                     else None))
+        if (owner and owner != name and worker_ids.get(labels.get(IKS_WORKER_ID_LABEL, "")) == owner
+                and annotations.get(CONFIG_NAME_ANNOTATION) != owner):
+            # The entry's worker runs under another name and is no replacement this program tied to the entry:
+            # a wrong name, and fences and labels would miss the node.
+            problems.append(f"node {owner} in gpu-migration:nodes has workerId {labels.get(IKS_WORKER_ID_LABEL)}, "
+                            f"whose node is {name}; set its name to {name}")
+        if owner:
+            now.setdefault(owner, _place(labels))
+        elif is_gpu_node(n) and not (temp_pool and labels.get(IKS_POOL_LABEL) == temp_pool):
+            unlisted.append(n)
+    # Entries whose node is gone after an earlier run saw it: their worker is being replaced.
+    in_replacement = {name: seen[name] for name, stage in configured.items()
+                      if name not in now and stage != "ibm-managed" and name in seen}
+    for n in unlisted:
+        labels, name = n.metadata.labels or {}, n.metadata.name
+        kubelet = n.status.node_info.kubelet_version if n.status and n.status.node_info else None
+        place = _place(labels)
+        what = (f"GPU node {name} (kubelet {kubelet}, flavor {labels.get(IKS_FLAVOR_LABEL, '?')}, worker pool "
+                f"{place['pool'] or '?'}, zone {place['zone'] or '?'}) is not listed in gpu-migration:nodes")
+        add = f"{{name: {name}, workerId: {labels.get(IKS_WORKER_ID_LABEL, '?')}, stage: ...}}"
+        if not version_at_least(kubelet, operator_min_version):
+            problems.append(f"{what}: it runs IBM-managed drivers and would get the GPU Operator next to them; add "
+                            f"it with stage ibm-managed ({add})")
+            continue
+        replaced = next((entry for entry, p in in_replacement.items() if p == place), None)
+        if replaced is None:
+            problems.append(f"{what}, and it is not the new worker of a listed node whose replacement is under way "
+                            f"(none in that pool and zone); add it with its stage ({add}), or remove it from the "
+                            "cluster")
+            continue
+        del in_replacement[replaced]
+        now[replaced] = place
+        warnings.append(f"{what}; taken for the new worker of {replaced} (same pool and zone, whose node is gone): "
+                        f"the resumed replacement of {replaced} records it")
+    for name, stage in configured.items():
+        if name in now:
+            continue
+        if stage == "ibm-managed":
+            problems.append(f"node {name} in gpu-migration:nodes (stage ibm-managed) matches no node in the "
+                            "cluster; fix its name (`kubectl get nodes`)")
+        elif name in in_replacement:
+            warnings.append(f"node {name} in gpu-migration:nodes (stage {stage}) is gone since an earlier run saw it "
+                            "and no new worker has joined yet: its replacement resumes")
+        else:
+            problems.append(f"node {name} in gpu-migration:nodes (stage {stage}) matches no node in the cluster and "
+                            "no earlier run saw it; fix its name (`kubectl get nodes`)")
+    return Inventory(problems, warnings, {**seen, **now})
+
+
+def workers_of_other_entries(api: ApiClient, own: Optional[str]) -> dict[str, str]:
+    """Worker ID -> config entry, for every node that OperatorReadiness tied to an entry other than `own`
+    (CONFIG_NAME_ANNOTATION, on the node IKS labels with its worker ID). Durable across provider processes, so a
+    replacement resumed by a later `pulumi up` never follows a worker another entry already recorded."""
+    out: dict[str, str] = {}
+    for n in client.CoreV1Api(api).list_node(label_selector=IKS_WORKER_ID_LABEL).items:
+        labels, annotations = n.metadata.labels or {}, n.metadata.annotations or {}
+        entry = annotations.get(CONFIG_NAME_ANNOTATION)
+        if entry and entry != own and labels.get(IKS_WORKER_ID_LABEL):
+            out[labels[IKS_WORKER_ID_LABEL]] = entry
+    return out
+
+
+class _GpuNodeInventoryProvider(_EveryUp):
+    def run(self, api, p):
+        found = inventory(api, p["configured"], p["worker_ids"], p["operator_min_version"],
+                                      p.get("temp_pool"), seen=(p.get("_previous") or {}).get("seen"))
+        for w in found.warnings:
+            pulumi.log.warn(w)
+        if found.problems:
+            raise CheckFailed(f"GPU nodes in the cluster don't match gpu-migration:nodes; nothing was installed:"
+                              f"{_bullets(found.problems)}")
+        return {"checked": sorted(p["configured"]), "seen": found.seen}
+
+
+class GpuNodeInventory(Resource, module="gpu-migration", name="GpuNodeInventory"):
+    """Every GPU node of the cluster is listed in the config and every listed ibm-managed node exists; runs before
+    the GPU Operator, so it never lands next to IBM's drivers on a node the config forgot."""
+
+    checked: pulumi.Output[list[str]]
+
+    def __init__(self, name: str, kubeconfig: pulumi.Input[Optional[str]], configured: dict[str, str],
+                 worker_ids: dict[str, str], operator_min_version: str, temp_pool: Optional[str] = None,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        props = dict(kubeconfig=kubeconfig, configured=configured, worker_ids=worker_ids,
+                     operator_min_version=operator_min_version, temp_pool=temp_pool, checked=None, seen=None)
+        super().__init__(_GpuNodeInventoryProvider(), name, props, opts)

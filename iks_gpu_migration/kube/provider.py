@@ -1,0 +1,110 @@
+"""The base of the dynamic resources that check and act on the live cluster with the official kubernetes client.
+
+Each provider builds its ApiClient per call from `kubeconfig` (None: KUBECONFIG or ~/.kube/config): providers are
+dill-serialized into the state (by reference to their module and class; see state_compat.py), so they hold no
+clients. Every wait is bounded (common/waiting.py); a failed check fails `up` with a message naming the node, pod or
+device, and the next `up` retries it.
+"""
+import time
+from typing import Any, Optional, Sequence
+
+from kubernetes import config
+from kubernetes.client.exceptions import ApiException
+from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
+
+from ..common.waiting import WaitTimeout, optional_float, wait_for
+
+
+class CheckFailed(Exception):
+    """A cluster check did not pass; the message lists what was seen."""
+
+
+def _client(kubeconfig: Optional[str]):
+    return config.new_client_from_config(config_file=kubeconfig or None)
+
+
+def _bullets(problems: Sequence[str]) -> str:
+    return "".join(f"\n  - {p}" for p in problems)
+
+
+def _short(error: BaseException) -> str:
+    if isinstance(error, ApiException):
+        return f"HTTP {error.status} {error.reason}"
+    return " ".join(str(error).split())[:200] or type(error).__name__
+
+
+class _Provider(ResourceProvider):
+    """create() runs the check; a change of any input in `rerun_on` replaces the resource (runs it again)."""
+
+    rerun_on: tuple[str, ...] = ()
+
+    def run(self, api, props: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        with _client(props.get("kubeconfig")) as api:
+            outs = self.run(api, props)
+        return CreateResult(id_=f"{type(self).__name__}-{time.time_ns()}", outs={**props, **outs})
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        replaces = [k for k in self.rerun_on if olds.get(k) != news.get(k)]
+        changed = replaces or [k for k in news if olds.get(k) != news.get(k)]
+        return DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=True)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        return UpdateResult(outs={**olds, **news})  # only timeouts/kubeconfig changed: nothing to re-run
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        pass  # checks leave nothing behind
+
+
+def _timing(props: dict[str, Any], timeout: float) -> dict[str, float]:
+    return {"timeout": optional_float(props.get("timeout"), timeout),
+            "interval": optional_float(props.get("poll_interval"), 15)}
+
+
+def _wait_until_no_problems(what: str, check, props: dict[str, Any], default_timeout: float) -> None:
+    def poll():
+        problems = check()
+        return not problems, problems, "; ".join(problems)
+
+    timing = _timing(props, default_timeout)
+    try:
+        wait_for(what, poll, **timing)
+    except WaitTimeout:
+        raise CheckFailed(f"{what} did not pass within {timing['timeout']:.0f}s:{_bullets(check())}") from None
+
+
+# --- DRA preflight ---------------------------------------------------------------------------------------------
+
+
+# --- Smoke-test verification -------------------------------------------------------------------------------------
+
+
+# --- GPU Operator readiness ------------------------------------------------------------------------------------------
+
+
+# --- Fence for nodes still on IBM-managed drivers -----------------------------------------------------------------
+
+
+# --- Rollback (dra -> device-plugin) ---------------------------------------------------------------------------------
+
+
+# --- GPU nodes of the cluster vs. the config (before the GPU Operator) --------------------------------------------
+
+
+class _EveryUp(_Provider):
+    """A read-only check that runs again on every `up` (shown as an update): the cluster changes between runs.
+    `run` sees the previous outputs as `props["_previous"]` (none on create)."""
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        return DiffResult(changes=True, replaces=[], delete_before_replace=False)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        with _client(news.get("kubeconfig")) as api:
+            return UpdateResult(outs={**news, **self.run(api, {**news, "_previous": olds})})
+
+
+# --- the runbook's operator checks -----------------------------------------------------------------------------------
+
+

@@ -1,0 +1,225 @@
+"""Switching a node between the device-plugin path and the DRA path, one observable step at a time.
+
+A GPU must never be offered on both paths. One label patch that adds the pilot label and turns the device plugin off
+at once lets the DRA kubelet plugin publish GPUs that running device-plugin pods still hold: the scheduler uses DRA on
+a node as soon as its device-plugin allocatable is 0 (KEP-5004; kubernetes
+pkg/scheduler/framework/plugins/dynamicresources/extendeddynamicresources.go), so those GPUs go to a second pod.
+
+Forward (device-plugin -> dra): cordon; wait (timeouts.drain) until no pod on the node holds the plugin resource;
+set nvidia.com/gpu.deploy.device-plugin=false; wait (timeouts.pathSwitch) until the node's allocatable of the plugin
+resource is 0; only then add the pilot label. The smoke test verification uncordons.
+Rollback (dra -> device-plugin): cordon; wait until GPU pods finished; remove the pilot label; wait until the node's
+ResourceSlices of the driver are gone (the kubelet wipes them ~30 s after the plugin unregisters,
+pkg/kubelet/cm/dra); set nvidia.com/gpu.deploy.device-plugin=true explicitly (the GPU Operator re-adds a removed
+label only on a reconcile triggered by other label changes, controllers/state_manager.go). RollbackVerification
+then runs a check pod on the device-plugin path and uncordons.
+
+Only the standard Kubernetes API is used (kubernetes client), so this runs unchanged against a real API server. Each
+step is idempotent: an interrupted switch resumes from the node's labels on the next `pulumi up`.
+"""
+from typing import Any, Optional
+
+import pulumi
+from kubernetes import client
+from pulumi.dynamic import DiffResult, ReadResult, Resource
+
+from ..common.waiting import WaitTimeout, wait_for
+from . import cluster
+from .cordon import cordon, uncordon_if_ours
+from .labels import DEVICE_PLUGIN_LABEL
+from .provider import CheckFailed, _client, _Provider, _short, _timing
+
+
+def set_labels(api, node: str, labels: dict[str, Optional[str]]) -> None:
+    client.CoreV1Api(api).patch_node(node, {"metadata": {"labels": labels}})
+
+
+def _wait(what: str, poll, props: dict[str, Any], key: str, default: float, node: str, left: str) -> None:
+    timing = {**_timing(props, default), "timeout": float(props.get(key) or default)}
+    resume = f"node {node} is left cordoned, {left}; run `pulumi up` again to continue (the switch resumes where it " \
+             f"stopped)"
+    try:
+        wait_for(what, poll, **timing)
+    except WaitTimeout as e:
+        raise CheckFailed(f"{e}\n{resume}") from None
+    except Exception as e:  # an API error mid-wait: the node is cordoned all the same (Interrupted passes through)
+        raise CheckFailed(f"reading the cluster failed while waiting for {what}: {_short(e)}\n{resume}") from e
+
+
+def labels_of(api, node: str) -> dict[str, str]:
+    return client.CoreV1Api(api).read_node(node).metadata.labels or {}
+
+
+# With driver.manager.env NODE_LABEL_FOR_GPU_POD_EVICTION=<pilot label key>, NVIDIA's driver manager evicts the DRA
+# kubelet plugin while it (re)installs the driver: it rewrites that label to `<value>_paused-for-driver-upgrade`
+# (`paused-for-driver-upgrade` if the value is "true") and restores it afterwards; it also cordons and uncordons the
+# node (NVIDIA/k8s-driver-manager cmd/driver-manager/main.go: maybeSetPaused, maybeSetTrue, uninstallDriver).
+# The switch never writes the label while it is paused.
+PAUSED = "paused-for-driver-upgrade"
+
+
+def refuse_if_paused(node: str, labels: dict[str, str], key: str) -> None:
+    if PAUSED in labels.get(key, ""):
+        raise CheckFailed(
+            f"node {node}: {key}={labels[key]}: the GPU Operator's driver manager is upgrading the driver there and "
+            f"has paused the DRA kubelet plugin; nothing was changed. Run `pulumi up` again once the upgrade is done "
+            f"(the label is back to its value)")
+
+
+def forward(api, p: dict[str, Any]) -> bool:
+    """device-plugin -> dra. Returns False if the node already was on the DRA path."""
+    node, resource = p["node"], p["device_plugin_resource"]
+    key, _, value = p["pilot_label"].partition("=")
+    labels = labels_of(api, node)
+    refuse_if_paused(node, labels, key)
+    if labels.get(key) == value and labels.get(DEVICE_PLUGIN_LABEL) == "false":
+        return False
+    pulumi.log.info(f"node {node}: switching from the device plugin to DRA; cordoning it")
+    cordon(api, node, "dra")
+
+    if labels.get(DEVICE_PLUGIN_LABEL) != "false":
+        def plugin_pods():
+            pods = cluster.device_plugin_gpu_pods(api, node, resource)
+            return not pods, pods, f"pods holding {resource} through the device plugin: {', '.join(pods)}"
+
+        _wait(f"device-plugin GPU pods on node {node} to finish or move", plugin_pods, p, "drain_timeout", 1800, node,
+              "its device plugin still on and no pilot label")
+        set_labels(api, node, {DEVICE_PLUGIN_LABEL: "false"})
+
+    def plugin_gone():
+        # Also no pod holding a plugin GPU (one that tolerates the cordon may have started meanwhile).
+        count = cluster.allocatable(client.CoreV1Api(api).read_node(node), resource)
+        pods = cluster.device_plugin_gpu_pods(api, node, resource)
+        return count == 0 and not pods, count, f"{resource} allocatable {count}" + (
+            f", pods holding it: {', '.join(pods)}" if pods else "")
+
+    _wait(f"node {node} to stop offering {resource} through the device plugin", plugin_gone, p, "switch_timeout", 300,
+          node, f"{DEVICE_PLUGIN_LABEL}=false set and no pilot label yet")
+    set_labels(api, node, {key: value})
+    pulumi.log.info(f"node {node}: device plugin off, pilot label {key}={value} set; DRA publishes its GPUs")
+    return True
+
+
+def rollback(api, p: dict[str, Any]) -> bool:
+    """dra -> device-plugin. Returns False if the node was not on (or switching to) the DRA path."""
+    node, driver = p["node"], p["driver"]
+    key = p["pilot_label"].partition("=")[0]
+    labels = labels_of(api, node)
+    if key not in labels and labels.get(DEVICE_PLUGIN_LABEL) != "false":
+        # Never left the device-plugin path (e.g. a forward switch that timed out waiting for GPU pods and was then
+        # called off): only the cordon it left behind has to go.
+        if uncordon_if_ours(api, node):
+            pulumi.log.info(f"node {node}: still on the device plugin; uncordoned (an unfinished switch cordoned it)")
+        return False
+    refuse_if_paused(node, labels, key)
+    pulumi.log.info(f"node {node}: rolling back from DRA to the device plugin; cordoning it")
+    cordon(api, node, "device-plugin")
+
+    def gpu_pods():
+        pods = cluster.gpu_pods(api, node, p["extended_resource"])
+        return not pods, pods, f"GPU pods still running: {', '.join(pods)}"
+
+    _wait(f"GPU pods on node {node} to finish", gpu_pods, p, "drain_timeout", 1800, node, "its labels unchanged")
+    if key in labels:
+        set_labels(api, node, {key: None})
+
+    def slices_gone():
+        count = cluster.devices_per_node(api, driver).get(node, 0)
+        return count == 0, count, f"{count} DRA devices of driver {driver} still published"
+
+    _wait(f"ResourceSlices of driver {driver} on node {node} to be wiped", slices_gone, p, "switch_timeout", 300, node,
+          f"pilot label removed, {DEVICE_PLUGIN_LABEL} still false")
+    set_labels(api, node, {DEVICE_PLUGIN_LABEL: "true"})
+    pulumi.log.info(f"node {node}: DRA devices gone, {DEVICE_PLUGIN_LABEL}=true set")
+    return True
+
+
+def wait_registered(api, p: dict[str, Any]) -> None:
+    """A replaced worker's Node registers a little after IKS reports the worker deployed; the switch reads and labels
+    that Node, so it waits for it, bounded, instead of failing on a 404 (readiness is OperatorReadiness's concern)."""
+    node = p["node"]
+
+    def registered():
+        try:
+            client.CoreV1Api(api).read_node(node)
+        except client.ApiException as e:
+            if e.status == 404:
+                return False, "not registered", "no Node object yet"
+            raise
+        return True, "registered", "registered"
+
+    timing = {**_timing(p, 300), "timeout": float(p.get("switch_timeout") or 300)}
+    try:
+        wait_for(f"node {node} to register", registered, **timing)
+    except WaitTimeout as e:
+        raise CheckFailed(f"{e}\nnothing was changed on the node; check the worker behind it (`ibmcloud ks worker get`) "
+                          f"and run `pulumi up` again") from None
+
+
+def observed_path(labels: dict[str, str], pilot_label: str) -> str:
+    """Which path the node's labels put it on: dra (pilot label, plugin off), device-plugin (neither), or mixed."""
+    key, _, value = pilot_label.partition("=")
+    pilot, plugin_off = labels.get(key) == value, labels.get(DEVICE_PLUGIN_LABEL) == "false"
+    if pilot and plugin_off:
+        return "dra"
+    return "device-plugin" if not pilot and not plugin_off else "mixed"
+
+
+class _NodePathSwitchProvider(_Provider):
+    rerun_on = ("node", "target", "pilot_label", "device_plugin_resource", "extended_resource", "driver")
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        """`pulumi refresh`: the path the node's labels show now (someone may have removed the pilot label or turned
+        the device plugin back on). A node that is gone reads `missing`."""
+        with _client(props.get("kubeconfig")) as api:
+            try:
+                path = observed_path(labels_of(api, props["node"]), props["pilot_label"])
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+                path = "missing"
+        return ReadResult(id_, {**props, "observed_path": path})
+
+    def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        """As a check, plus: a refresh that saw the node off its target path runs the switch again (it repairs the
+        labels step by step, as on the way there)."""
+        result = super().diff(id_, olds, news)
+        seen = olds.get("observed_path")
+        if seen and seen != news.get("target"):
+            return DiffResult(changes=True, replaces=sorted({*(result.replaces or []), "target"}),
+                              delete_before_replace=True)
+        return result
+
+    def run(self, api, p):
+        wait_registered(api, p)
+        if p["target"] == "dra":
+            return {"switched": forward(api, p), "rolling_back": False}
+        return {"switched": False, "rolling_back": rollback(api, p)}
+
+
+class NodePathSwitch(Resource, module="gpu-migration", name="NodePathSwitch"):
+    """Moves the node to `target` ("dra" or "device-plugin") step by step; a no-op if it is already there."""
+
+    switched: pulumi.Output[bool]  # forward switch done by this run (the smoke test then uncordons)
+    rolling_back: pulumi.Output[bool]  # rollback done by this run (RollbackVerification then checks and uncordons)
+
+    def __init__(
+        self,
+        name: str,
+        kubeconfig: pulumi.Input[Optional[str]],
+        node: pulumi.Input[str],
+        target: str,
+        pilot_label: str,
+        device_plugin_resource: str,
+        extended_resource: str,
+        driver: str,
+        drain_timeout: float,
+        switch_timeout: float,
+        poll_interval: float,
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ):
+        props = dict(kubeconfig=kubeconfig, node=node, target=target, pilot_label=pilot_label,
+                     device_plugin_resource=device_plugin_resource, extended_resource=extended_resource,
+                     driver=driver, drain_timeout=drain_timeout, switch_timeout=switch_timeout,
+                     poll_interval=poll_interval, switched=None, rolling_back=None)
+        super().__init__(_NodePathSwitchProvider(), name, props, opts)

@@ -1,0 +1,93 @@
+"""Where this program works around the Pulumi Python SDK, all in one place. Each relies on SDK internals, so the SDK is
+pinned exactly (requirements.txt) and tests/test_sdk_workarounds.py fails when one of them changes.
+
+Checked against: pulumi (Python SDK) 3.272.0, under the Pulumi CLI/engine v3.274.0 (tools/versions).
+
+1. Two costs that grow faster than the fleet (measured with benchmarks/preview.py, real CLI, 100 vs 1000 nodes;
+   docs/fleet-scale.md):
+   - `wait_for_rpcs` (pulumi/runtime/stack.py) re-waits on every pending Output for each engine answer when the
+     program never awaited: fixed by `start_registrations_before_waiting`;
+   - every `pulumi.log.debug` is a blocking gRPC call on the event loop (pulumi/log.py `_log`): `quiet_sdk_debug`.
+2. Dependency edges that cost O(n) each: the SDK checks every new dependency for cycles by walking all transitive
+   dependencies recursively (pulumi/runtime/resource_cycle_breaker.py `_reachable`, called from runtime/rpc.py
+   `_add_dependency` for depends_on and for every resource an input Output carries). What every node waits for (the
+   GPU Operator, the previous batch) therefore goes as an edge-free Output (`edge_free`, `detached`, `once_done`):
+   built with the SDK's private `Output.__init__(resources, future, is_known, is_secret)`.
+"""
+import asyncio
+import os
+from typing import Any, Awaitable, Callable, Optional, Sequence
+
+import pulumi
+import pulumi.log
+
+SDK_DEBUG_ENV = "GPU_MIGRATION_SDK_DEBUG"
+_sdk_debug: Optional[Callable[..., Any]] = None
+
+
+async def _start_registrations() -> None:
+    """Yield to the event loop once so every RegisterResource RPC the program queued starts before the SDK waits for
+    them. `wait_for_rpcs` (pulumi/runtime/stack.py) drains its RPC list only if that list is non-empty when the
+    program returns; a program that never awaited leaves it empty, so the SDK instead loops `asyncio.wait(every
+    pending output, FIRST_COMPLETED)` while the engine answers one resource at a time: O(outputs) per answer,
+    quadratic in the fleet (45% of the program's CPU at 300 nodes)."""
+    await asyncio.sleep(0)
+
+
+def start_registrations_before_waiting() -> None:
+    """Register `_start_registrations` as the program's async entrypoint (`pulumi.run`, awaited after `main`)."""
+    pulumi.run(_start_registrations)
+
+
+def quiet_sdk_debug() -> None:
+    """Drop the SDK's own debug messages unless GPU_MIGRATION_SDK_DEBUG=1. `pulumi.log.debug` sends each one to the
+    engine as a blocking gRPC call on the event loop (pulumi/log.py `_log`), several per resource ("beginning rpc
+    register resource", ...), whether or not the CLI shows debug output (`pulumi up --debug`); that round trip slows
+    as the engine gets busier, so it cost a 1000-node preview about a third of its wall time. This program's own
+    messages use info/warn and are unaffected."""
+    global _sdk_debug
+    if os.environ.get(SDK_DEBUG_ENV) == "1" or _sdk_debug is not None:
+        return
+    _sdk_debug = pulumi.log.debug
+    pulumi.log.debug = _dropped
+
+
+def restore_sdk_debug() -> None:
+    global _sdk_debug
+    if _sdk_debug is not None:
+        pulumi.log.debug, _sdk_debug = _sdk_debug, None
+
+
+def _dropped(msg: str, resource: Any = None, stream_id: Optional[int] = None, ephemeral: Optional[bool] = None) -> None:
+    """`pulumi.log.debug`'s signature; sends nothing."""
+
+
+def _resolved(value: bool) -> asyncio.Future:
+    future = asyncio.get_event_loop().create_future()  # a future, not a coroutine: never "never awaited"
+    future.set_result(value)
+    return future
+
+
+def edge_free(value: Awaitable[Any]) -> pulumi.Output:
+    """An Output whose value is `value`'s result and which carries no resources (2. above): `Output.__init__`
+    (resources, future, is_known, is_secret) is the SDK's own constructor, not public API."""
+    return pulumi.Output(set(), asyncio.ensure_future(value), is_known=_resolved(True), is_secret=_resolved(False))
+
+
+def detached(output: pulumi.Output) -> pulumi.Output:
+    """`output`'s value without the resources it carries: for an input every node gets (e.g. the fenced node names,
+    which carry every fence), so the graph keeps a constant number of edges per node. Only for values whose
+    resources every receiver already follows through another dependency."""
+    return edge_free(output.future(with_unknowns=True))
+
+
+def once_done(value: Any, resources: Sequence[pulumi.Resource]) -> pulumi.Output:
+    """`value`, resolved only once every resource in `resources` is registered (in `up`: its step finished), carrying
+    none of them. For what every node waits for (the GPU Operator, which depends on every node's fence): a real edge
+    makes the SDK's cycle check walk the operator's n fences for each node, O(n^2) (2. above)."""
+    async def wait() -> Any:
+        for resource in resources:
+            await resource.urn.future()
+        return value
+
+    return edge_free(wait())
