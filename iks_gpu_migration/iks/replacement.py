@@ -61,95 +61,29 @@ class WorkerReplacementProvider(_IksProvider):
              f"nothing to delete (a replaced worker cannot be un-replaced)")
 
     def _replace(self, props: dict[str, Any], start: str) -> dict[str, Any]:
-        """Resumable: each poll reads the real worker state and takes the next step from there.
-
-        current worker created by this run, or at target -> wait until deployed/normal/Ready on several readings;
-        current worker being deleted                      -> follow it to its replacement and keep waiting;
-        current worker failed                             -> stop with IKS's message;
-        current worker deployed, older                    -> gates (master, only GPU node, eviction), then request
-                                                             replace(update=true) once, remembering the IDs seen.
-        A worker this resource followed to is never replaced again, whatever fix pack IKS gave it.
-        """
+        """Resumable: each poll reads the real worker state and takes the next step from there (_Run.poll).
+        A worker this resource followed to is never replaced again, whatever fix pack IKS gave it."""
         cluster, target = props["cluster"], props["kube_version"]
         timeout, interval = self.timing(props, 5400)
-        grace = optional_float(props.get("rebalance_timeout"), 900)
-        client = self.client(props)
-        others = frozenset(props.get("other_worker_ids") or []) - {start}
-        claimant = f"{cluster}/{start}"
-        streak = Streak(self.readings(props))
-        st: dict[str, Any] = {"current": start, "known": None, "requested": set(), "followed": [],
-                              "created": set(), "orphaned_at": None, "prepared": set()}
-        first = {w["id"]: w for w in client.list_workers(cluster, show_deleted=True)}.get(start)
+        run = _Run(self, props, start)
+        first = {w["id"]: w for w in run.client.list_workers(cluster, show_deleted=True)}.get(start)
         if first is not None and self._needs_replacement(first, target):
             # The gates (master, eviction) may take their own bounded time: not counted against the replace wait.
-            self._before_replace(client, props, first)
-            st["prepared"].add(start)
-
-        def poll() -> tuple[bool, Optional[dict], str]:
-            workers = client.list_workers(cluster, show_deleted=True)
-            claims.CLAIMS.observe(cluster, workers)
-            by_id = {w["id"]: w for w in workers}
-            cur = by_id.get(st["current"])
-            if cur is None:
-                raise ReplacementError(
-                    f"worker {st['current']} not found in cluster {cluster} (neither live nor deleted); "
-                    f"check workerId of node {props.get('node_name')} in gpu-migration:nodes"
-                )
-            if is_failed(cur):
-                raise failed_worker_error(cur, cluster, st["followed"][-1] if st["followed"] else start)
-            if is_deleting(cur):
-                resumed = st["known"] is None  # not requested by this process: its batch-mates' claims are unknown
-                pool = client.get_worker_pool(cluster, cur.get("poolID")) if resumed else None
-                recorded = recorded_by_other_entries(props) if resumed else frozenset()
-                candidates = find_replacement(cur, workers, pool, target, st["known"],
-                                              others | recorded | claims.CLAIMS.taken(cluster, claimant))
-                new = claims.CLAIMS.claim(cluster, claimant, candidates)
-                if new is None:
-                    return False, None, self._orphan(cur, cluster, st, grace)
-                if is_failed(new):  # never followed: IKS does not retry a failed worker by itself
-                    raise failed_worker_error(new, cluster, cur["id"])
-                _log(f"worker {cur['id']} of cluster {cluster} is replaced by {new['id']}")
-                st["followed"].append(cur["id"])
-                st["created"].add(new["id"])
-                st.update(current=new["id"], known=None, orphaned_at=None)
-                cur = new
-            if cur["id"] in st["created"]:
-                if worker_version(cur) and not same_minor(worker_version(cur), target):
-                    raise ReplacementError(
-                        f"IKS replaced worker {st['followed'][-1]} of cluster {cluster} by {cur['id']} at "
-                        f"{worker_version(cur)}, not at kubeVersion {target}; it is not replaced again. Check the "
-                        f"master version (`ibmcloud ks cluster get --cluster {cluster}`) and re-run `pulumi up`"
-                    )
-                return self._settled(cur, streak)
-            if version_at_least(worker_version(cur), target):
-                return self._settled(cur, streak)
-            if cur["id"] in st["requested"]:
-                return False, None, f"replacement requested, not started yet: {describe_worker(cur)}"
-            if is_deployed(cur):
-                if cur["id"] not in st["prepared"]:
-                    self._before_replace(client, props, cur)
-                    st["prepared"].add(cur["id"])
-                st["known"] = set(by_id)
-                st["requested"].add(cur["id"])
-                drained = primary_ip(cur) if props.get("evict") else None
-                self._request(client, cluster, cur, drained)
-                return False, None, f"replacement of worker {cur['id']} (update to {target}) requested"
-            return False, None, describe_worker(cur)
-
+            self._before_replace(run.client, props, first)
+            run.prepared.add(start)
         what = f"worker {start} of cluster {cluster} replaced at {target} (deployed, normal, Ready)"
         try:
-            new = wait_for(what, poll, timeout, interval)
+            new = wait_for(what, run.poll, timeout, interval)
         except WaitTimeout as e:
-            started = st["requested"] or st["followed"]
             detail = (
                 f"the replacement of worker {start} was requested (new worker: "
-                f"{st['current'] if st['current'] != start else 'not visible yet'}); re-running `pulumi up` "
+                f"{run.current if run.current != start else 'not visible yet'}); re-running `pulumi up` "
                 f"resumes waiting without replacing it again"
-                if started else f"worker {start} was not replaced; re-running `pulumi up` retries"
+                if run.requested or run.followed else f"worker {start} was not replaced; re-running `pulumi up` retries"
             )
             raise WaitTimeout(f"{e}; {detail}") from None
         actual = worker_version(new)
-        if new["id"] in st["created"] and not version_at_least(actual, target):
+        if new["id"] in run.created and not version_at_least(actual, target):
             pulumi.log.warn(f"worker {new['id']} runs {actual}: IKS's newest worker fix pack, not the pinned "
                             f"kubeVersion {target}; it is not replaced again")
         return {
@@ -170,13 +104,13 @@ class WorkerReplacementProvider(_IksProvider):
         return done, worker, f"{describe_worker(worker)}; {streak.of(worker['id'])}"
 
     @staticmethod
-    def _orphan(cur: dict, cluster: str, st: dict[str, Any], grace: float) -> str:
+    def _orphan(cur: dict, cluster: str, run: "_Run", grace: float) -> str:
         """The old worker is gone and no new one shows: with automatic rebalancing off IKS creates none."""
         state = f"{describe_worker(cur)}; its replacement is not visible yet"
         if not is_deleted(cur):
             return state
-        st["orphaned_at"] = st["orphaned_at"] or time.monotonic()
-        if time.monotonic() - st["orphaned_at"] > grace:
+        run.orphaned_at = run.orphaned_at or time.monotonic()
+        if time.monotonic() - run.orphaned_at > grace:
             pool = cur.get("poolName") or cur.get("poolID")
             raise ReplacementError(
                 f"worker {cur['id']} of cluster {cluster} was deleted and no new worker appeared in its pool {pool} "
@@ -219,6 +153,94 @@ class WorkerReplacementProvider(_IksProvider):
                           f"{drained}` if you give up the replacement" if drained else "")
             raise IksApiError(f"IKS refused the replacement, worker {worker['id']} is unchanged: {e}{drain_note}",
                               e.status_code) from None
+
+
+class _Run:
+    """One replacement's progress within this process: which worker it follows now and what it did.
+
+    current worker created by this run, or at target -> wait until deployed/normal/Ready on several readings;
+    current worker being deleted                      -> follow it to its replacement and keep waiting;
+    current worker failed                             -> stop with IKS's message;
+    current worker deployed, older                    -> gates (master, only GPU node, eviction), then request
+                                                         replace(update=true) once, remembering the IDs seen.
+    """
+
+    def __init__(self, provider: WorkerReplacementProvider, props: dict[str, Any], start: str) -> None:
+        self.provider, self.props, self.start = provider, props, start
+        self.cluster, self.target = props["cluster"], props["kube_version"]
+        self.client = provider.client(props)
+        self.grace = optional_float(props.get("rebalance_timeout"), 900)
+        self.others = frozenset(props.get("other_worker_ids") or []) - {start}
+        self.claimant = f"{self.cluster}/{start}"
+        self.streak = Streak(provider.readings(props))
+        self.current: str = start
+        self.known: Optional[set[str]] = None  # worker IDs seen right before this process requested the replacement
+        self.requested: set[str] = set()
+        self.followed: list[str] = []
+        self.created: set[str] = set()
+        self.prepared: set[str] = set()
+        self.orphaned_at: Optional[float] = None
+
+    def poll(self) -> tuple[bool, Optional[dict], str]:
+        workers = self.client.list_workers(self.cluster, show_deleted=True)
+        claims.CLAIMS.observe(self.cluster, workers)
+        by_id = {w["id"]: w for w in workers}
+        cur = by_id.get(self.current)
+        if cur is None:
+            raise ReplacementError(
+                f"worker {self.current} not found in cluster {self.cluster} (neither live nor deleted); "
+                f"check workerId of node {self.props.get('node_name')} in gpu-migration:nodes"
+            )
+        if is_failed(cur):
+            raise failed_worker_error(cur, self.cluster, self.followed[-1] if self.followed else self.start)
+        if is_deleting(cur):
+            cur = self._follow(cur, workers)
+            if cur is None:
+                return False, None, self.provider._orphan(by_id[self.current], self.cluster, self, self.grace)
+        return self._step(cur, by_id)
+
+    def _follow(self, cur: dict, workers: list[dict]) -> Optional[dict]:
+        """The new worker that takes `cur`'s place, claimed for this replacement; None while none is visible."""
+        resumed = self.known is None  # not requested by this process: its batch-mates' claims are unknown
+        pool = self.client.get_worker_pool(self.cluster, cur.get("poolID")) if resumed else None
+        recorded = recorded_by_other_entries(self.props) if resumed else frozenset()
+        candidates = find_replacement(cur, workers, pool, self.target, self.known,
+                                      self.others | recorded | claims.CLAIMS.taken(self.cluster, self.claimant))
+        new = claims.CLAIMS.claim(self.cluster, self.claimant, candidates)
+        if new is None:
+            return None
+        if is_failed(new):  # never followed: IKS does not retry a failed worker by itself
+            raise failed_worker_error(new, self.cluster, cur["id"])
+        _log(f"worker {cur['id']} of cluster {self.cluster} is replaced by {new['id']}")
+        self.followed.append(cur["id"])
+        self.created.add(new["id"])
+        self.current, self.known, self.orphaned_at = new["id"], None, None
+        return new
+
+    def _step(self, cur: dict, by_id: dict[str, dict]) -> tuple[bool, Optional[dict], str]:
+        target = self.target
+        if cur["id"] in self.created:
+            if worker_version(cur) and not same_minor(worker_version(cur), target):
+                raise ReplacementError(
+                    f"IKS replaced worker {self.followed[-1]} of cluster {self.cluster} by {cur['id']} at "
+                    f"{worker_version(cur)}, not at kubeVersion {target}; it is not replaced again. Check the "
+                    f"master version (`ibmcloud ks cluster get --cluster {self.cluster}`) and re-run `pulumi up`"
+                )
+            return self.provider._settled(cur, self.streak)
+        if version_at_least(worker_version(cur), target):
+            return self.provider._settled(cur, self.streak)
+        if cur["id"] in self.requested:
+            return False, None, f"replacement requested, not started yet: {describe_worker(cur)}"
+        if not is_deployed(cur):
+            return False, None, describe_worker(cur)
+        if cur["id"] not in self.prepared:
+            self.provider._before_replace(self.client, self.props, cur)
+            self.prepared.add(cur["id"])
+        self.known = set(by_id)
+        self.requested.add(cur["id"])
+        drained = primary_ip(cur) if self.props.get("evict") else None
+        self.provider._request(self.client, self.cluster, cur, drained)
+        return False, None, f"replacement of worker {cur['id']} (update to {target}) requested"
 
 
 class WorkerReplacement(dyn.Resource, module="gpu-migration", name="WorkerReplacement"):
