@@ -1,0 +1,128 @@
+"""The SDK workarounds of iks_gpu_migration/sdk_workarounds.py (their effect on time is in benchmarks/preview.py), and
+the SDK internals they and state_compat.py rely on: if an SDK upgrade changes one, a test here fails and names it."""
+import ast
+import asyncio
+import hashlib
+import importlib.util
+import importlib.metadata
+import inspect
+import pathlib
+import re
+
+import pulumi.log
+
+from iks_gpu_migration import sdk_workarounds as sdk_scaling
+from iks_gpu_migration.components.rollout import DYNAMIC_PROVIDER_WORKERS
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.logged: list[str] = []
+
+    def Log(self, req) -> None:  # noqa: N802 - the gRPC stub's method name
+        self.logged.append(req.message)
+
+
+def test_sdk_debug_messages_are_dropped_and_others_kept(monkeypatch):
+    engine = Engine()
+    monkeypatch.setattr(pulumi.log, "get_engine", lambda: engine)
+    monkeypatch.delenv(sdk_scaling.SDK_DEBUG_ENV, raising=False)
+    try:
+        sdk_scaling.quiet_sdk_debug()
+        pulumi.log.debug("beginning rpc register resource")
+        pulumi.log.info("replacing worker w-1")
+        assert engine.logged == ["replacing worker w-1"]
+    finally:
+        sdk_scaling.restore_sdk_debug()
+    pulumi.log.debug("after restore")
+    assert engine.logged[-1] == "after restore"
+
+
+def test_sdk_debug_is_kept_when_asked_for(monkeypatch):
+    engine = Engine()
+    monkeypatch.setattr(pulumi.log, "get_engine", lambda: engine)
+    monkeypatch.setenv(sdk_scaling.SDK_DEBUG_ENV, "1")
+    try:
+        sdk_scaling.quiet_sdk_debug()
+        pulumi.log.debug("beginning rpc register resource")
+    finally:
+        sdk_scaling.restore_sdk_debug()
+    assert engine.logged == ["beginning rpc register resource"]
+
+
+def test_queued_registrations_start_before_the_sdk_waits():
+    """After the entrypoint yields once, every task the program queued has started (the SDK's RPC list is filled)."""
+    started: list[int] = []
+
+    async def registration(i: int) -> None:
+        started.append(i)
+        await asyncio.sleep(1)
+
+    async def program() -> list[int]:
+        tasks = [asyncio.ensure_future(registration(i)) for i in range(100)]
+        await sdk_scaling._start_registrations()
+        seen = list(started)
+        for t in tasks:
+            t.cancel()
+        return seen
+
+    assert asyncio.run(program()) == list(range(100))
+
+
+# The SDK's private code each workaround relies on, as (module, qualified name) -> sha256 of its source in the pinned
+# SDK (requirements.txt). A different hash means the SDK changed that code: re-read it, re-check the workaround (and
+# benchmarks/preview.py), then update the hash here.
+RELIED_ON = {
+    ("pulumi.output", "Output.__init__"): "sdk_workarounds.edge_free builds Outputs without resources",
+    ("pulumi.runtime.stack", "wait_for_rpcs"): "sdk_workarounds.start_registrations_before_waiting",
+    ("pulumi.log", "_log"): "sdk_workarounds.quiet_sdk_debug (each message a blocking gRPC call)",
+    ("pulumi.log", "debug"): "sdk_workarounds._dropped keeps its signature",
+    ("pulumi.runtime.resource_cycle_breaker", "_reachable"): "the O(n) cycle check edge-free Outputs avoid",
+    ("pulumi.dynamic.dynamic", "serialize_provider"): "state_compat: providers pickled by module and class",
+    ("pulumi.dynamic.__main__", "get_provider"): "state_compat: the provider host unpickles them by import",
+    ("pulumi.dynamic.__main__", "main"): "rollout.DYNAMIC_PROVIDER_WORKERS (ThreadPoolExecutor(max_workers=4))",
+}
+FINGERPRINTS = {
+    ("pulumi.output", "Output.__init__"): "13bd5242836b8fb6",
+    ("pulumi.runtime.stack", "wait_for_rpcs"): "0bf483f44da06fc7",
+    ("pulumi.log", "_log"): "4c35856b0f48b12f",
+    ("pulumi.log", "debug"): "766897f70e3a1770",
+    ("pulumi.runtime.resource_cycle_breaker", "_reachable"): "0c1f86785ecdff23",
+    ("pulumi.dynamic.dynamic", "serialize_provider"): "8d5613fceef2f9b0",
+    ("pulumi.dynamic.__main__", "get_provider"): "36a42d0f6be3200c",
+    ("pulumi.dynamic.__main__", "main"): "77f501f1bcbf5341",
+}
+
+
+def source_of(module: str, qualname: str) -> str:
+    """Read from the module's file, not imported: pulumi.dynamic.__main__ starts the provider host when imported."""
+    path = importlib.util.find_spec(module).origin
+    tree = ast.parse(pathlib.Path(path).read_text())
+    node: ast.AST = tree
+    for part in qualname.split("."):
+        node = next(n for n in ast.iter_child_nodes(node)
+                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part)
+    return ast.get_source_segment(pathlib.Path(path).read_text(), node)
+
+
+def fingerprint(module: str, qualname: str) -> str:
+    return hashlib.sha256(source_of(module, qualname).encode()).hexdigest()[:16]
+
+
+def test_the_sdk_is_the_pinned_version():
+    pinned = re.search(r"^pulumi==(\S+)$", (pathlib.Path(__file__).parents[1] / "requirements.txt").read_text(), re.M)
+    assert pinned, "requirements.txt must pin pulumi exactly (sdk_workarounds.py relies on its internals)"
+    assert importlib.metadata.version("pulumi") == pinned.group(1)
+    assert f"pulumi (Python SDK) {pinned.group(1)}" in inspect.getsource(sdk_scaling)  # says what it was checked against
+
+
+def test_sdk_internals_relied_on_are_unchanged():
+    changed = [f"{m}.{q} ({why})" for (m, q), why in RELIED_ON.items() if fingerprint(m, q) != FINGERPRINTS[(m, q)]]
+    assert not changed, "the Pulumi SDK changed code this program relies on; re-check: " + "; ".join(changed)
+
+
+def test_edge_free_output_signature_and_provider_host_threads():
+    params = list(inspect.signature(pulumi.Output.__init__).parameters)
+    assert params == ["self", "resources", "future", "is_known", "is_secret"]
+    assert list(inspect.signature(pulumi.log.debug).parameters) == list(inspect.signature(sdk_scaling._dropped).parameters)
+    assert f"ThreadPoolExecutor(max_workers={DYNAMIC_PROVIDER_WORKERS})" in source_of("pulumi.dynamic.__main__", "main")
