@@ -11,7 +11,7 @@ import re
 
 import pulumi.log
 
-from iks_gpu_migration import sdk_workarounds as sdk_scaling
+from iks_gpu_migration import sdk_workarounds
 from iks_gpu_migration.components.rollout import DYNAMIC_PROVIDER_WORKERS
 
 
@@ -26,14 +26,14 @@ class Engine:
 def test_sdk_debug_messages_are_dropped_and_others_kept(monkeypatch):
     engine = Engine()
     monkeypatch.setattr(pulumi.log, "get_engine", lambda: engine)
-    monkeypatch.delenv(sdk_scaling.SDK_DEBUG_ENV, raising=False)
+    monkeypatch.delenv(sdk_workarounds.SDK_DEBUG_ENV, raising=False)
     try:
-        sdk_scaling.quiet_sdk_debug()
+        sdk_workarounds.quiet_sdk_debug()
         pulumi.log.debug("beginning rpc register resource")
         pulumi.log.info("replacing worker w-1")
         assert engine.logged == ["replacing worker w-1"]
     finally:
-        sdk_scaling.restore_sdk_debug()
+        sdk_workarounds.restore_sdk_debug()
     pulumi.log.debug("after restore")
     assert engine.logged[-1] == "after restore"
 
@@ -41,12 +41,12 @@ def test_sdk_debug_messages_are_dropped_and_others_kept(monkeypatch):
 def test_sdk_debug_is_kept_when_asked_for(monkeypatch):
     engine = Engine()
     monkeypatch.setattr(pulumi.log, "get_engine", lambda: engine)
-    monkeypatch.setenv(sdk_scaling.SDK_DEBUG_ENV, "1")
+    monkeypatch.setenv(sdk_workarounds.SDK_DEBUG_ENV, "1")
     try:
-        sdk_scaling.quiet_sdk_debug()
+        sdk_workarounds.quiet_sdk_debug()
         pulumi.log.debug("beginning rpc register resource")
     finally:
-        sdk_scaling.restore_sdk_debug()
+        sdk_workarounds.restore_sdk_debug()
     assert engine.logged == ["beginning rpc register resource"]
 
 
@@ -60,7 +60,7 @@ def test_queued_registrations_start_before_the_sdk_waits():
 
     async def program() -> list[int]:
         tasks = [asyncio.ensure_future(registration(i)) for i in range(100)]
-        await sdk_scaling._start_registrations()
+        await sdk_workarounds._start_registrations()
         seen = list(started)
         for t in tasks:
             t.cancel()
@@ -113,7 +113,7 @@ def test_the_sdk_is_the_pinned_version():
     pinned = re.search(r"^pulumi==(\S+)$", (pathlib.Path(__file__).parents[1] / "requirements.txt").read_text(), re.M)
     assert pinned, "requirements.txt must pin pulumi exactly (sdk_workarounds.py relies on its internals)"
     assert importlib.metadata.version("pulumi") == pinned.group(1)
-    assert f"pulumi (Python SDK) {pinned.group(1)}" in inspect.getsource(sdk_scaling)  # says what it was checked against
+    assert f"pulumi (Python SDK) {pinned.group(1)}" in inspect.getsource(sdk_workarounds)  # says what it was checked against
 
 
 def test_sdk_internals_relied_on_are_unchanged():
@@ -124,5 +124,5 @@ def test_sdk_internals_relied_on_are_unchanged():
 def test_edge_free_output_signature_and_provider_host_threads():
     params = list(inspect.signature(pulumi.Output.__init__).parameters)
     assert params == ["self", "resources", "future", "is_known", "is_secret"]
-    assert list(inspect.signature(pulumi.log.debug).parameters) == list(inspect.signature(sdk_scaling._dropped).parameters)
+    assert list(inspect.signature(pulumi.log.debug).parameters) == list(inspect.signature(sdk_workarounds._dropped).parameters)
     assert f"ThreadPoolExecutor(max_workers={DYNAMIC_PROVIDER_WORKERS})" in source_of("pulumi.dynamic.__main__", "main")
