@@ -55,3 +55,13 @@ def test_unknown_old_names_stay_unknown():
         importlib.import_module("iks_gpu_migration.no_such_module")
     with pytest.raises(AttributeError):
         importlib.import_module("iks_gpu_migration.kube_providers").NoSuchProvider  # noqa: B018
+
+
+def test_a_check_whose_only_change_is_its_pickled_code_shows_no_change():
+    """After the move every check's `__provider` names a new module path; that alone must not show `~ update` for
+    every check of the fleet in the first preview (the IKS providers compare named inputs only)."""
+    from iks_gpu_migration.kube.fence import _NodeFenceProvider
+    olds = {"node": "n1", "__provider": release_pickle("kube_providers", "_NodeFenceProvider")}
+    news = {"node": "n1", "__provider": serialize_provider(_NodeFenceProvider())}
+    assert not _NodeFenceProvider().diff("id", olds, news).changes
+    assert _NodeFenceProvider().diff("id", olds, {**news, "node": "n2"}).changes
