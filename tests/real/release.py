@@ -145,6 +145,12 @@ def provider_pickles(deployment: dict) -> dict[str, str]:
     return out
 
 
+def resource_ids(deployment: dict) -> dict[str, str]:
+    """{resource name: id} of every dynamic resource (a replacement gets a new id; an update keeps it)."""
+    return {r["urn"].rsplit("::", 1)[1]: r.get("id") for r in deployment.get("resources", [])
+            if r["type"].startswith("pulumi-python:dynamic")}
+
+
 def main(argv: list[str]) -> int:
     release, project_dir, backend_dir, api_key = argv
     import iks_gpu_migration

@@ -11,7 +11,7 @@ import os
 
 from .project import EVERY_UP_CHECKS, meaningful, planned_changes
 from .release import (RELEASE, REPO, SITECUSTOMIZE, export, imports, materialise, pickled_globals, provider_pickles,
-                      up_with_release)
+                      resource_ids, up_with_release)
 from .scenario_env import A, B, C, PILOT, PILOT_STAGES, PLUGIN, Events
 
 KUBE, IKS = "iks_gpu_migration.kube_providers", "iks_gpu_migration.iks_providers"
@@ -62,7 +62,7 @@ def test_state_made_by_the_release_refreshes_updates_and_deletes_with_this_tree(
         assert not elsewhere, f"{who} imported iks_gpu_migration from outside release {RELEASE}: {elsewhere[:3]}"
 
     deployment = export(pulumi, pulumi_env, project.dir)
-    released = provider_pickles(deployment)
+    released, released_ids = provider_pickles(deployment), resource_ids(deployment)
     assert set(released) == set(RELEASE_PROVIDERS), (
         f"dynamic resources of the scenario: missing {sorted(set(RELEASE_PROVIDERS) - set(released))}, "
         f"unexpected {sorted(set(released) - set(RELEASE_PROVIDERS))}")
@@ -114,11 +114,14 @@ def test_state_made_by_the_release_refreshes_updates_and_deletes_with_this_tree(
     labels = env.node(new_b).metadata.labels
     assert labels[PILOT] == "pilot" and labels[PLUGIN] == "false"
     assert env.record(new_b)["result"] == "passed" and not env.node(new_b).spec.unschedulable
-    after_up = provider_pickles(export(pulumi, pulumi_env, project.dir))
+    state = export(pulumi, pulumi_env, project.dir)
+    after_up, after_up_ids = provider_pickles(state), resource_ids(state)
     assert f"{B}-rollback" not in after_up
 
-    # destroy deletes the rest, among them what still holds the release's pickle.
-    still_released = sorted(n for n, p in after_up.items() if released.get(n) == p)
+    # destroy deletes the rest, among them the resources the release made that still hold its pickle (same id).
+    still_released = sorted(n for n, p in after_up.items()
+                            if released.get(n) == p and released_ids.get(n) == after_up_ids[n])
+    assert {"master-version", f"{A}-replacement"} <= set(still_released), still_released
     print(f"destroy deletes {len(still_released)} resources with the release's __provider: {still_released}")
     stack.destroy(on_output=print)
     assert provider_pickles(export(pulumi, pulumi_env, project.dir)) == {}
