@@ -131,17 +131,20 @@ def plain(value: Any) -> Any:
     return value
 
 
-def provider_pickles(deployment: dict) -> dict[str, str]:
-    """{resource name: its `__provider`} of every dynamic resource; inputs and outputs must hold the same one."""
+def provider_pickles(deployment: dict, part: str = "outputs") -> dict[str, str]:
+    """{resource name: the `__provider` in its `part` ("inputs" or "outputs")} of every dynamic resource.
+
+    They can differ: a resource whose provider reports no change (`same`) gets the program's new inputs, with the
+    new pickle, while its outputs keep the one it was created or last updated with. The dynamic-provider host
+    unpickles the outputs' one for `refresh` (Read) and deletions (Delete), the inputs' one for Diff/Update."""
     out = {}
     for r in deployment.get("resources", []):
         if not r["type"].startswith("pulumi-python:dynamic"):
             continue
         name = r["urn"].rsplit("::", 1)[1]
-        ins, outs = (plain((r.get(k) or {}).get("__provider")) for k in ("inputs", "outputs"))
-        assert isinstance(ins, str) and ins, f"{name}: no __provider in its inputs: {ins!r}"
-        assert outs in (None, ins), f"{name}: its outputs hold another __provider than its inputs"
-        out[name] = ins
+        pickled = plain((r.get(part) or {}).get("__provider"))
+        assert isinstance(pickled, str) and pickled, f"{name}: no __provider in its {part}: {pickled!r}"
+        out[name] = pickled
     return out
 
 

@@ -63,6 +63,7 @@ def test_state_made_by_the_release_refreshes_updates_and_deletes_with_this_tree(
 
     deployment = export(pulumi, pulumi_env, project.dir)
     released, released_ids = provider_pickles(deployment), resource_ids(deployment)
+    assert provider_pickles(deployment, "inputs") == released  # created by the release: one pickle each
     assert set(released) == set(RELEASE_PROVIDERS), (
         f"dynamic resources of the scenario: missing {sorted(set(RELEASE_PROVIDERS) - set(released))}, "
         f"unexpected {sorted(set(released) - set(RELEASE_PROVIDERS))}")
@@ -81,7 +82,7 @@ def test_state_made_by_the_release_refreshes_updates_and_deletes_with_this_tree(
                                                                       os.environ.get("PYTHONPATH")]))}
     stack = project.stack()
 
-    # refresh reads every resource with the pickle in the state (the release's) and keeps it.
+    # refresh reads every resource with the pickle in its outputs (the release's) and keeps it.
     stack.refresh(on_output=print)
     refreshed = provider_pickles(export(pulumi, pulumi_env, project.dir))
     assert refreshed == released, "refresh changed __provider of " + ", ".join(
@@ -118,7 +119,8 @@ def test_state_made_by_the_release_refreshes_updates_and_deletes_with_this_tree(
     after_up, after_up_ids = provider_pickles(state), resource_ids(state)
     assert f"{B}-rollback" not in after_up
 
-    # destroy deletes the rest, among them the resources the release made that still hold its pickle (same id).
+    # destroy deletes the rest, among them the resources the release made whose outputs still hold its pickle (same
+    # id): Delete unpickles that one.
     still_released = sorted(n for n, p in after_up.items()
                             if released.get(n) == p and released_ids.get(n) == after_up_ids[n])
     assert {"master-version", f"{A}-replacement"} <= set(still_released), still_released
