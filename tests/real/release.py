@@ -21,8 +21,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 RELEASE = "7060577"  # the current release: stacks deployed with it must keep working after the package moves
 IMPORT_LOG = "GPU_MIGRATION_IMPORT_LOG"
 
-# Every `iks_gpu_migration` import of a process with this dir first on PYTHONPATH is appended to $GPU_MIGRATION_IMPORT_LOG
-# (as JSON: pid, argv, module, the file it resolves to). It only looks; the import proceeds as it would without it.
+# Every `iks_gpu_migration` import of a process with this dir first on PYTHONPATH is appended to
+# $GPU_MIGRATION_IMPORT_LOG (as JSON: pid, argv, module, the file it resolves to). It only looks: the import
+# proceeds as it would without it.
 SITECUSTOMIZE = textwrap.dedent('''\
     import importlib.machinery, json, os, sys
 
@@ -48,7 +49,7 @@ def materialise(dest: pathlib.Path, commit: str = RELEASE, repo: pathlib.Path = 
     """`git archive <commit> iks_gpu_migration` unpacked into `dest`; returns `dest`. A missing commit is an error
     (a shallow clone lacks it: CI runs a full clone), never a reason to skip."""
     found = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, check=False)
     if found.returncode != 0:
         raise AssertionError(
             f"release commit {commit} is not in the git repository at {repo} ({found.stderr.strip() or 'not found'}): "
@@ -56,7 +57,8 @@ def materialise(dest: pathlib.Path, commit: str = RELEASE, repo: pathlib.Path = 
             f"(`git fetch --unshallow` in a shallow one)")
     dest.mkdir(parents=True, exist_ok=True)
     archive = subprocess.Popen(["git", "-C", str(repo), "archive", commit, "iks_gpu_migration"], stdout=subprocess.PIPE)
-    untar = subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, capture_output=True, text=True)
+    untar = subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, capture_output=True, text=True,
+                           check=False)
     archive.stdout.close()
     if archive.wait() != 0 or untar.returncode != 0:
         raise AssertionError(f"git archive {commit} iks_gpu_migration | tar -x -C {dest} failed: {untar.stderr}")
@@ -77,9 +79,10 @@ def up_with_release(release: pathlib.Path, project_dir: pathlib.Path, backend_di
     # -P: neither the current directory nor a script's directory goes before PYTHONPATH.
     done = subprocess.run([sys.executable, "-P", "-m", "tests.real.release", str(release), str(project_dir),
                            str(backend_dir), api_key], cwd=str(project_dir), env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout, check=False)
     if done.returncode != 0:
-        raise AssertionError(f"pulumi up with release {RELEASE} failed (exit {done.returncode}):\n{done.stdout[-6000:]}")
+        raise AssertionError(f"pulumi up with release {RELEASE} failed (exit {done.returncode}):\n"
+                             f"{done.stdout[-6000:]}")
     return done.stdout
 
 
