@@ -17,7 +17,7 @@ class GpuOperator(pulumi.ComponentResource):
 
     def __init__(self, cfg: MigrationConfig, provider: Optional[k8s.Provider], gpu_nodes: Sequence[GpuNode],
                  inventory: pulumi.Resource):
-        super().__init__("gpu-migration:index:GpuOperator", "gpu-operator")
+        super().__init__("gpu-migration:index:GpuOperator", "operator")
         fences = [r for n in gpu_nodes for r in (n.fence, n.labels) if r is not None]
         self.release = charts.gpu_operator_release(cfg.gpu_operator, opts=pulumi.ResourceOptions(
             parent=self, provider=provider, depends_on=[*fences, inventory], aliases=WAS_AT_ROOT))
