@@ -69,28 +69,18 @@ def test_queued_registrations_start_before_the_sdk_waits():
     assert asyncio.run(program()) == list(range(100))
 
 
-# The SDK's private code each workaround relies on, as (module, qualified name) -> sha256 of its source in the pinned
-# SDK (requirements.txt). A different hash means the SDK changed that code: re-read it, re-check the workaround (and
-# benchmarks/preview.py), then update the hash here.
+# The SDK's private code each workaround relies on: (module, qualified name) -> (sha256 of its source in the pinned
+# SDK (requirements.txt), what relies on it). A different hash means the SDK changed that code: re-read it, re-check
+# the workaround (and benchmarks/preview.py), then update the hash here.
 RELIED_ON = {
-    ("pulumi.output", "Output.__init__"): "sdk_workarounds.edge_free builds Outputs without resources",
-    ("pulumi.runtime.stack", "wait_for_rpcs"): "sdk_workarounds.start_registrations_before_waiting",
-    ("pulumi.log", "_log"): "sdk_workarounds.quiet_sdk_debug (each message a blocking gRPC call)",
-    ("pulumi.log", "debug"): "sdk_workarounds._dropped keeps its signature",
-    ("pulumi.runtime.resource_cycle_breaker", "_reachable"): "the O(n) cycle check edge-free Outputs avoid",
-    ("pulumi.dynamic.dynamic", "serialize_provider"): "state_compat: providers pickled by module and class",
-    ("pulumi.dynamic.__main__", "get_provider"): "state_compat: the provider host unpickles them by import",
-    ("pulumi.dynamic.__main__", "main"): "rollout.DYNAMIC_PROVIDER_WORKERS (ThreadPoolExecutor(max_workers=4))",
-}
-FINGERPRINTS = {
-    ("pulumi.output", "Output.__init__"): "13bd5242836b8fb6",
-    ("pulumi.runtime.stack", "wait_for_rpcs"): "0bf483f44da06fc7",
-    ("pulumi.log", "_log"): "4c35856b0f48b12f",
-    ("pulumi.log", "debug"): "766897f70e3a1770",
-    ("pulumi.runtime.resource_cycle_breaker", "_reachable"): "0c1f86785ecdff23",
-    ("pulumi.dynamic.dynamic", "serialize_provider"): "8d5613fceef2f9b0",
-    ("pulumi.dynamic.__main__", "get_provider"): "36a42d0f6be3200c",
-    ("pulumi.dynamic.__main__", "main"): "77f501f1bcbf5341",
+    ("pulumi.output", "Output.__init__"): ("13bd5242836b8fb6", "sdk_workarounds.edge_free builds Outputs without resources"),
+    ("pulumi.runtime.stack", "wait_for_rpcs"): ("0bf483f44da06fc7", "sdk_workarounds.start_registrations_before_waiting"),
+    ("pulumi.log", "_log"): ("4c35856b0f48b12f", "sdk_workarounds.quiet_sdk_debug (each message a blocking gRPC call)"),
+    ("pulumi.log", "debug"): ("766897f70e3a1770", "sdk_workarounds._dropped keeps its signature"),
+    ("pulumi.runtime.resource_cycle_breaker", "_reachable"): ("0c1f86785ecdff23", "the O(n) cycle check edge-free Outputs avoid"),
+    ("pulumi.dynamic.dynamic", "serialize_provider"): ("8d5613fceef2f9b0", "state_compat: providers pickled by module and class"),
+    ("pulumi.dynamic.__main__", "get_provider"): ("36a42d0f6be3200c", "state_compat: the provider host unpickles them by import"),
+    ("pulumi.dynamic.__main__", "main"): ("77f501f1bcbf5341", "rollout.DYNAMIC_PROVIDER_WORKERS (ThreadPoolExecutor(max_workers=4))"),
 }
 
 
@@ -117,7 +107,7 @@ def test_the_sdk_is_the_pinned_version():
 
 
 def test_sdk_internals_relied_on_are_unchanged():
-    changed = [f"{m}.{q} ({why})" for (m, q), why in RELIED_ON.items() if fingerprint(m, q) != FINGERPRINTS[(m, q)]]
+    changed = [f"{m}.{q} ({why})" for (m, q), (sha, why) in RELIED_ON.items() if fingerprint(m, q) != sha]
     assert not changed, "the Pulumi SDK changed code this program relies on; re-check: " + "; ".join(changed)
 
 
