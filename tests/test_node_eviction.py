@@ -96,7 +96,9 @@ def test_the_temp_pool_must_offer_gpus_before_the_node_is_drained(env, monkeypat
     kube.after_calls(monkeypatch, node_eviction, "gpus_offered", 3,
                      lambda: kube.set_allocatable(temp, {"nvidia.com/gpu": "1"}))
     replace(iks_emu, "w1", evict={**settings, "gpu_nodes": [temp], "gpu_resources": ["nvidia.com/gpu"]})
-    assert seen_at_eviction == ["1"] and at_replace[0]["pods"] == []
+    # Every eviction came after the temporary node offered GPUs. (The drain may evict a pod again while its graceful
+    # deletion is still under way: the real subresource lets a terminating pod go again.)
+    assert seen_at_eviction and set(seen_at_eviction) == {"1"} and at_replace[0]["pods"] == []
 
 
 def test_temp_pool_without_gpus_stops_before_anything_is_drained(env):
