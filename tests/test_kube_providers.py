@@ -891,7 +891,7 @@ def test_resources_declare_and_providers_serialize():
                 "pending": "_PendingGpuPodsProvider"}
 
     def check(values):
-        rolling_back, gpu_uuid, _ = values
+        rolling_back, gpu_uuid = values[:2]
         assert (rolling_back, gpu_uuid) == (True, UUID0)
         assert set(mocks.resources) == set(expected)
         for name, cls in expected.items():
@@ -902,7 +902,9 @@ def test_resources_declare_and_providers_serialize():
             assert type(provider).__name__ == cls
         assert mocks.resources["rollback"].inputs["rolling_back"] is True
 
-    return pulumi.Output.all(drain_.rolling_back, declared[1].gpu_uuid, declared[4].result).apply(check)
+    # After every registration returned (their URNs): the check runs on all of them, not on those done so far.
+    return pulumi.Output.all(drain_.rolling_back, declared[1].gpu_uuid, declared[4].result,
+                             *[r.urn for r in declared]).apply(check)
 
 
 test_resources_declare_and_providers_serialize = pulumi.runtime.test(test_resources_declare_and_providers_serialize)
