@@ -166,6 +166,9 @@ class EnvTest:
         if self.terminator:
             self.terminator.stop()
         if self.control_plane:
+            for process in self.control_plane.processes:  # a throw-away store: no graceful shutdown to wait for
+                if process.popen is not None and process.popen.poll() is None:
+                    process.popen.kill()
             self.control_plane.stop()
         if self.log_server:
             self.log_server.stop()
@@ -230,14 +233,13 @@ class Kube:
                 "spec": {"unschedulable": True} if unschedulable else {}}
         self.core.create_node(body)
         resources = {"cpu": "8", "memory": "32Gi", "pods": "110", **(allocatable or {})}
-        self.patch_node_status(name, {
+        return self.patch_node_status(name, {
             "capacity": resources, "allocatable": resources, "nodeInfo": node_info(kubelet_version),
             # A registered kubelet reports Ready (kubernetes pkg/kubelet/nodestatus/setters.go ReadyCondition).
             "conditions": [self._ready_condition(ready)],
             "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
             # The API server proxies pods/log here: the kubelet log double.
             "daemonEndpoints": {"kubeletEndpoint": {"Port": self.env.log_server.port}}})
-        return self.node(name)
 
     @staticmethod
     def _ready_condition(ready: bool) -> dict:
@@ -272,8 +274,8 @@ class Kube:
     def patch_node(self, name: str, body: dict) -> None:
         self.core.patch_node(name, body)
 
-    def patch_node_status(self, name: str, status: dict) -> None:
-        self.core.patch_node_status(name, {"status": status})
+    def patch_node_status(self, name: str, status: dict) -> dict:
+        return _plain(self.api, self.core.patch_node_status(name, {"status": status}))
 
     def set_allocatable(self, name: str, resources: dict) -> None:
         """What the kubelet reports when a device plugin (un)registers: capacity and allocatable of a resource
@@ -331,21 +333,19 @@ class Kube:
         if node and phase == "Running":
             is_ready = ready and not waiting
             pod_status.setdefault("conditions", [{"type": "Ready", "status": "True" if is_ready else "False"}])
-        self.set_pod_status(namespace, name, pod_status)
         if log:
             self.set_log(namespace, name, log, container)
-        return self.pod(namespace, name)
+        return self.set_pod_status(namespace, name, pod_status, pod=created)
 
     def daemonset_owner(self, name: str = "ds") -> dict:
         return {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": name, "uid": str(uuid.uuid4()),
                 "controller": True}
 
-    def set_pod_status(self, namespace: str, name: str, status: dict) -> None:
-        """Replace the pod's status as the kubelet writes it (the status subresource)."""
-        pod = self.core.read_namespaced_pod(name, namespace)
-        body = _plain(self.api, pod)
+    def set_pod_status(self, namespace: str, name: str, status: dict, pod: Any = None) -> dict:
+        """Replace the pod's status as the kubelet writes it (the status subresource); `pod`: as last read."""
+        body = _plain(self.api, pod if pod is not None else self.core.read_namespaced_pod(name, namespace))
         body["status"] = {**{k: v for k, v in (body.get("status") or {}).items() if k in ("qosClass",)}, **status}
-        self.core.replace_namespaced_pod_status(name, namespace, body)
+        return _plain(self.api, self.core.replace_namespaced_pod_status(name, namespace, body))
 
     def update_pod_status(self, namespace: str, name: str, **changes: Any) -> None:
         """Change some status fields, keeping the others."""
