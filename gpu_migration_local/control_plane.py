@@ -90,6 +90,8 @@ class ControlPlane:
     workdir: pathlib.Path
     bin_dir: pathlib.Path
     kubelet_port: int = 0  # where nodes' kubelet endpoint points (the kubelet log double); 0: none
+    # What runs beside etcd and kube-apiserver; () is an envtest-style API server alone (tests/envtest.py).
+    components: tuple[str, ...] = ("kube-scheduler", "kube-controller-manager", "kwok")
     processes: list[Process] = field(default_factory=list)
     apiserver_port: int = 0
 
@@ -151,6 +153,8 @@ class ControlPlane:
         self._wait_ready(f"{self.server}/readyz", "kube-apiserver /readyz", timeout, [etcd, apiserver])
         # Clients verify the API server: its self-signed serving cert (with its CA) from --cert-dir.
         self._write_kubeconfig(ca=d / "apiserver-certs" / "apiserver.crt")
+        if not self.components:
+            return self
 
         common = ["--kubeconfig", str(self.kubeconfig), "--authentication-kubeconfig", str(self.kubeconfig),
                   "--authorization-kubeconfig", str(self.kubeconfig), "--leader-elect=false",
@@ -173,12 +177,15 @@ class ControlPlane:
             "--cidr", "10.1.0.1/16",
         ])
         for p in (scheduler, kcm, kwok):
-            p.start()
-        self._wait_ready(f"https://127.0.0.1:{scheduler_port}/healthz", "kube-scheduler /healthz", timeout,
-                         [scheduler])
-        self._wait_ready(f"https://127.0.0.1:{kcm_port}/healthz", "kube-controller-manager /healthz", timeout,
-                         [kcm])
-        self.wait_for_default_service_account(timeout)
+            if p.name in self.components:
+                p.start()
+        if scheduler.name in self.components:
+            self._wait_ready(f"https://127.0.0.1:{scheduler_port}/healthz", "kube-scheduler /healthz", timeout,
+                             [scheduler])
+        if kcm.name in self.components:
+            self._wait_ready(f"https://127.0.0.1:{kcm_port}/healthz", "kube-controller-manager /healthz", timeout,
+                             [kcm])
+            self.wait_for_default_service_account(timeout)
         return self
 
     def _kwok_stages(self) -> pathlib.Path:

@@ -16,18 +16,32 @@ def fresh_worker_claims(monkeypatch):
     monkeypatch.setattr(claims, "CLAIMS", claims.NewWorkerClaims())
 
 
-@pytest.fixture
-def kube():
-    """The Kubernetes API emulator (tests/emulators/kube.py) for the dynamic providers' unit tests."""
-    from tests.emulators.kube import KubeEmulator
-    emulator = KubeEmulator().start()
-    yield emulator
-    emulator.stop()
+@pytest.fixture(scope="session")
+def envtest(request):
+    """One real etcd + kube-apiserver for the whole session (tests/envtest.py); a missing binary fails, naming
+    tools/build."""
+    from tests.envtest import EnvTest
+    env = EnvTest().start()
+    request.config.envtest_started_in = env.started_in
+    yield env
+    env.stop()
+    assert not env.terminator.errors, env.terminator.errors
 
 
 @pytest.fixture
-def kubeconfig(kube, tmp_path):
-    return kube.write_kubeconfig(tmp_path / "kubeconfig")
+def kube(envtest):
+    """This test's view of the session's API server: every name it creates carries its own prefix, and all of it is
+    deleted afterwards (tests/envtest.py Kube)."""
+    from tests.envtest import Kube
+    k = Kube(envtest, envtest.next_prefix())
+    yield k
+    k.cleanup()
+    assert not k.errors, k.errors
+
+
+@pytest.fixture
+def kubeconfig(kube):
+    return kube.kubeconfig
 
 
 def pytest_configure(config):
@@ -41,6 +55,8 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if getattr(config, "envtest_started_in", None) is not None:
+        terminalreporter.write_line(f"envtest: etcd + kube-apiserver started in {config.envtest_started_in:.1f} s")
     passed = [r.nodeid for r in terminalreporter.stats.get("passed", []) if r.when == "call"]
     real = config.real_engine_nodeids
     ran = [n for n in passed if n in real]

@@ -2,9 +2,11 @@
 
 The program runs as declared (plan, gates, batches sequenced by rollout.py). Worker replacements run the real
 WorkerReplacementProvider against the IKS emulator (each new worker deploys `replace_seconds` after the request) and
-gates the real CapacityGate provider against the Kubernetes emulator; everything else answers at once. The emulators
-are linked as a VPC cluster is: a worker being deleted leaves the cluster as a node, a deployed one joins it (named by
-its IP, NodeReady, labelled as a GPU node). Every change of GPU capacity goes to a timeline.
+gates the real CapacityGate provider against the real API server (tests/envtest.py: the test's `kube`, or one started
+for the run); everything else answers at once. The IKS emulator is linked to the API server as a VPC cluster is: a
+worker being deleted leaves the cluster as a node, a deployed one joins it (named by its IP, prefixed with the test's
+prefix as node names are cluster-wide there; NodeReady, labelled as a GPU node). Every change of GPU capacity goes to
+a timeline.
 
 Registrations block in the asyncio default executor, as they do in the Python language host, which sizes it
 `--parallel` x 4 (pulumi/pulumi sdk/python/cmd/pulumi-language-python-exec `_set_default_executor`). `host_workers`
@@ -26,7 +28,7 @@ from pulumi.runtime.sync_await import _ensure_event_loop
 
 from iks_gpu_migration.kube import capacity_gate
 from tests.emulators.iks import IksEmulator
-from tests.emulators.kube import KubeEmulator
+from tests.envtest import EnvTest, Kube
 from iks_gpu_migration.iks.replacement import WorkerReplacementProvider
 
 GPU_LABELS = {"nvidia.com/gpu.present": "true"}
@@ -58,28 +60,37 @@ class Timeline:
 
 
 class FleetIks(IksEmulator):
-    def __init__(self, kube: KubeEmulator, timeline: Timeline, **kwargs: Any) -> None:
+    def __init__(self, kube: Kube, timeline: Timeline, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.kube, self.timeline = kube, timeline
+        self.nodes_lock = threading.Lock()  # a node change and the count after it, together
 
     def unavailable(self) -> int:
-        ready = [n for n in self.kube.nodes.values() if n["metadata"]["labels"].get("nvidia.com/gpu.present")]
+        ready = [n for n in self.kube.core.list_node(label_selector=",".join(f"{k}={v}" for k, v in GPU_LABELS.items())
+                                                     ).items if n.metadata.name.startswith(self.kube.prefix)]
         return self.timeline.fleet - len(ready)
+
+    def _new_worker(self, *args: Any, **kwargs: Any) -> dict:
+        worker = super()._new_worker(*args, **kwargs)
+        interface = worker["networkInterfaces"][0]
+        interface["ipAddress"] = self.kube.name(interface["ipAddress"])  # its node's name on the shared API server
+        return worker
 
     def _deploy(self, worker: dict) -> None:
         was = worker["lifecycle"]["actualState"]
         super()._deploy(worker)
         if was != "deployed" and worker["lifecycle"]["actualState"] == "deployed":
             name = worker["networkInterfaces"][0]["ipAddress"]
-            with self.kube.lock:
+            with self.nodes_lock:
                 self.kube.add_node(name, labels=GPU_LABELS)
                 self.timeline.add("joined", name, self.unavailable())
 
     def _delete_worker(self, worker: dict, reason: str) -> None:
         super()._delete_worker(worker, reason)
         name = worker["networkInterfaces"][0]["ipAddress"]
-        with self.kube.lock:
-            if self.kube.nodes.pop(name, None) is not None:
+        with self.nodes_lock:
+            if self.kube.node_or_none(name) is not None:
+                self.kube.delete_node(name)
                 self.timeline.add("left", name, self.unavailable())
 
 
@@ -133,17 +144,22 @@ class FleetRun:
     error: Optional[BaseException]
     mocks: FleetMocks
     iks: FleetIks
-    kube: KubeEmulator
+    kube: Kube
 
 
 def fleet_up(n: int, max_unavailable: str, replace_seconds: float, tmp_dir, host_workers: Optional[int] = None,
              poll_interval: float = 0.02, fail: frozenset = frozenset(), cordoned: tuple = (),
-             capacity_timeout: float = 60, setup: Optional[Callable[[KubeEmulator], None]] = None,
-             shared_pool: bool = False) -> FleetRun:
+             capacity_timeout: float = 60, setup: Optional[Callable[[Kube], None]] = None,
+             shared_pool: bool = False, kube: Optional[Kube] = None) -> FleetRun:
     """`pulumi up` of n device-plugin nodes (already at the target master version) under budget max_unavailable;
-    `setup(kube)` may arrange the cluster further (e.g. changes triggered while gates poll)."""
+    `setup(kube)` may arrange the cluster further (e.g. changes triggered while gates poll). `kube`: the test's
+    view of the session's API server (tests/conftest.py); without it an API server is started for this run. The
+    run's nodes are deleted when it ends."""
+    env = None
+    if kube is None:
+        env = EnvTest().start()
+        kube = Kube(env, env.next_prefix())
     timeline = Timeline(fleet=n)
-    kube = KubeEmulator().start()
     iks = FleetIks(kube, timeline, cluster="gpu-pilot", master_version="1.37.0_1501", api_key="test-api-key").start()
     iks.provision_seconds = replace_seconds
     try:
@@ -154,11 +170,11 @@ def fleet_up(n: int, max_unavailable: str, replace_seconds: float, tmp_dir, host
             kube.add_node(name, labels=GPU_LABELS)
             nodes.append({"name": name, "workerId": worker["id"], "stage": "device-plugin"})
         for name in cordoned:  # unavailable for reasons of their own
-            kube.nodes[name]["spec"]["unschedulable"] = True
+            kube.cordon(name)
         if setup:
             setup(kube)
         raw = copy.deepcopy(stack_config("pilot"))
-        raw.update(nodes=nodes, maxUnavailable=max_unavailable, kubeconfig=kube.write_kubeconfig(tmp_dir / "kc"),
+        raw.update(nodes=nodes, maxUnavailable=max_unavailable, kubeconfig=kube.kubeconfig,
                    ibmCloud={"endpoint": iks.url, "iamEndpoint": iks.url},
                    timeouts={"workerReplace": 60 + 10 * replace_seconds, "capacityGate": capacity_timeout,
                              "pollInterval": poll_interval})
@@ -174,4 +190,8 @@ def fleet_up(n: int, max_unavailable: str, replace_seconds: float, tmp_dir, host
         return FleetRun(timeline, time.monotonic() - started, error, mocks, iks, kube)
     finally:
         iks.stop()
-        kube.stop()
+        for node in kube.core.list_node().items:  # the next run (or test) starts without this run's nodes
+            if node.metadata.name.startswith(kube.prefix):
+                kube.delete_node(node.metadata.name)
+        if env is not None:
+            env.stop()

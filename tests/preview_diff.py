@@ -17,7 +17,7 @@ supportsPreview). Every input computed from them is unknown too (and differs fro
 repeated until nothing more changes. Component resources
 (GpuNode) show as updated when their inputs change (pulumi/pulumi pkg/resource/deploy/step_generator.go: diff,
 "no provider").
-Checks that look at the cluster again on every `up` (kube_providers._EveryUp: the GPU node inventory and the operand
+Checks that look at the cluster again on every `up` (kube/provider.py _EveryUp: the GPU node inventory and the operand
 placement checks) always show as updated; they are listed apart, under "every up", so each case shows what the
 config change itself does.
 """

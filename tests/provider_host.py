@@ -5,7 +5,7 @@ worker while the main thread sits in Event().wait(); on SIGINT (what the engine 
 pulumi sdk/go/common/resource/plugin/plugin.go, kill -> cmdutil.InterruptChildren) the main thread's
 KeyboardInterrupt stops the server and main() returns, after which the interpreter waits for the worker.
 
-    python tests/provider_host.py KUBECONFIG  (prints "started" once the check runs)
+    python tests/provider_host.py KUBECONFIG [NODE NAMESPACE]  (prints "started" once the check runs)
 """
 import sys
 from concurrent import futures
@@ -18,15 +18,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 
-def create(kubeconfig: str) -> None:
+def create(kubeconfig: str, node: str = "n1", namespace: str = "gpu-pilot") -> None:
     _RollbackVerificationProvider().create({
-        "kubeconfig": kubeconfig, "node": "n1", "rolling_back": True, "extended_resource": "example.com/gpu",
-        "image": "cuda", "namespace": "gpu-pilot", "timeout": 600, "poll_interval": 30})
+        "kubeconfig": kubeconfig, "node": node, "rolling_back": True, "extended_resource": "example.com/gpu",
+        "image": "cuda", "namespace": namespace, "timeout": 600, "poll_interval": 30})
 
 
 def main() -> None:
     pool = futures.ThreadPoolExecutor(max_workers=4)
-    pool.submit(create, sys.argv[1])
+    pool.submit(create, *sys.argv[1:4])
     print("started", flush=True)
     try:
         Event().wait()

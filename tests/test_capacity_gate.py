@@ -1,4 +1,5 @@
-"""CapacityGate against the local Kubernetes API emulator: it counts GPU nodes from the cluster and waits, bounded."""
+"""CapacityGate against the real API server (tests/envtest.py): it counts GPU nodes from the cluster and waits,
+bounded."""
 import time
 
 import pytest
@@ -7,24 +8,22 @@ from iks_gpu_migration.kube.capacity_gate import _CapacityGateProvider
 from iks_gpu_migration.kube.records import CONFIG_NAME_ANNOTATION
 from iks_gpu_migration.kube.cordon import CORDON_ANNOTATION
 from iks_gpu_migration.kube.provider import CheckFailed
-from tests.emulators.kube import KubeEmulator
 
 GPU = {"nvidia.com/gpu.present": "true"}
 
 
 @pytest.fixture
-def kube():
-    emulator = KubeEmulator().start()
+def kube(kube):
     for i in range(1, 6):
-        emulator.add_node(f"n{i}", labels=GPU)
-    emulator.add_node("cpu-1")  # not a GPU node: never counted
-    yield emulator
-    emulator.stop()
+        kube.add_node(kube.name(f"n{i}"), labels=GPU)
+    kube.add_node(kube.name("cpu-1"))  # not a GPU node: never counted
+    return kube
 
 
 def gate(kube, tmp_path, **overrides):
-    props = {"kubeconfig": kube.write_kubeconfig(tmp_path / "kubeconfig"), "index": 2, "batch": ["n1", "n2"],
-             "stages": {"n1": "dra", "n2": "dra"}, "after": ["n0"], "selector": "nvidia.com/gpu.present=true",
+    n1, n2 = kube.name("n1"), kube.name("n2")
+    props = {"kubeconfig": kube.kubeconfig, "index": 2, "batch": [n1, n2],
+             "stages": {n1: "dra", n2: "dra"}, "after": ["n0"], "selector": "nvidia.com/gpu.present=true",
              "min_available": 3, "soak_seconds": 0, "timeout": 2, "poll_interval": 0.01, **overrides}
     return _CapacityGateProvider().create(props).outs
 
@@ -33,25 +32,25 @@ def test_opens_when_the_batch_fits(kube, tmp_path):
     assert gate(kube, tmp_path)["opened"] == "3 GPU nodes available outside the batch, 3 needed"
 
 
-def test_a_cordoned_node_blocks_the_batch_until_the_timeout_naming_it(kube, tmp_path):
-    kube.nodes["n4"]["spec"]["unschedulable"] = True
+def test_a_cordoned_node_blocks_the_batch_until_the_timeout_naming_it(kube, tmp_path, monkeypatch):
+    n1, n2, n4 = kube.name("n1"), kube.name("n2"), kube.name("n4")
+    kube.cordon(n4)
+    requests = kube.record(monkeypatch)
     with pytest.raises(CheckFailed) as e:
         gate(kube, tmp_path, timeout=0.3)
-    assert "timed out after 0s waiting for capacity for batch 2 (n1, n2)" in str(e.value)
-    assert "2 GPU nodes available outside the batch, 3 needed; unavailable: n4 (cordoned)" in str(e.value)
+    assert f"timed out after 0s waiting for capacity for batch 2 ({n1}, {n2})" in str(e.value)
+    assert f"2 GPU nodes available outside the batch, 3 needed; unavailable: {n4} (cordoned)" in str(e.value)
     assert "batch 2 was not started, none of its nodes was changed" in str(e.value)
-    assert not [r for r in kube.requests if r[0] != "GET"]  # the gate only reads
+    assert requests and not [r for r in requests if r[0] != "GET"]  # the gate only reads
 
 
-def test_waits_until_a_not_ready_node_recovers(kube, tmp_path):
-    kube.nodes["n5"]["status"]["conditions"][0]["status"] = "False"
-
-    def recover():
-        kube.nodes["n5"]["status"]["conditions"][0]["status"] = "True"
-
-    kube.after(3, "/api/v1/nodes", recover)
+def test_waits_until_a_not_ready_node_recovers(kube, tmp_path, monkeypatch):
+    from iks_gpu_migration import plan
+    n5 = kube.name("n5")
+    kube.set_ready(n5, False)
+    polls = kube.after_calls(monkeypatch, plan, "gate_decision", 3, lambda: kube.set_ready(n5, True))
     assert gate(kube, tmp_path)["opened"].startswith("3 GPU nodes available")
-    assert sum(1 for m, p in kube.requests if p.startswith("/api/v1/nodes")) >= 4  # it polled while blocked
+    assert len(polls) >= 4  # it polled while blocked
 
 
 def test_soaks_after_the_previous_batch(kube, tmp_path):
@@ -74,23 +73,24 @@ def test_reruns_when_its_batch_or_stages_change():
 
 def test_a_node_this_program_cordoned_counts_against_the_budget(kube, tmp_path):
     # E.g. a dra node of the previous batch still held for its smoke test: it serves no GPU workloads, whoever
-    # cordoned it (the next batch starts only once it is verified and uncordoned: migration.py done_by).
-    kube.nodes["n4"]["spec"]["unschedulable"] = True
-    kube.nodes["n4"]["metadata"].setdefault("annotations", {})[CORDON_ANNOTATION] = "dra"
+    # cordoned it (the next batch starts only once it is verified and uncordoned: components/gpu_node.py done_by).
+    n4 = kube.name("n4")
+    kube.cordon(n4, annotations={CORDON_ANNOTATION: "dra"})
     with pytest.raises(CheckFailed) as e:
         gate(kube, tmp_path, timeout=0.3)
-    assert "unavailable: n4 (cordoned)" in str(e.value)
+    assert f"unavailable: {n4} (cordoned)" in str(e.value)
 
 
 def test_batch_members_renamed_by_their_replacement_are_still_the_batch(kube, tmp_path):
     # A kubeVersion round (or a stage change) after the first replacement: n1's node is now r1, tied to its config
     # entry by the annotation its readiness check wrote. It is in the batch, not spare capacity outside it.
-    kube.add_node("r1", labels=GPU)["metadata"]["annotations"] = {CONFIG_NAME_ANNOTATION: "n1"}
-    del kube.nodes["n1"]
-    kube.nodes["n5"]["status"]["conditions"][0]["status"] = "False"
+    kube.add_node(kube.name("r1"), labels=GPU, annotations={CONFIG_NAME_ANNOTATION: kube.name("n1")})
+    kube.delete_node(kube.name("n1"))
+    kube.set_ready(kube.name("n5"), False)
     with pytest.raises(CheckFailed) as e:
         gate(kube, tmp_path, timeout=0.3)
-    assert "2 GPU nodes available outside the batch, 3 needed; unavailable: n5 (NotReady)" in str(e.value)
+    assert f"2 GPU nodes available outside the batch, 3 needed; unavailable: {kube.name('n5')} (NotReady)" in str(
+        e.value)
 
 
 def test_reruns_when_the_kube_version_changes():

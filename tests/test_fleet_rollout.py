@@ -1,4 +1,5 @@
-"""Batches against the IKS and Kubernetes emulators (tests/fleet_up.py): timelines of GPU capacity, not sleeps."""
+"""Batches against the IKS emulator and the real API server (tests/fleet_up.py): timelines of GPU capacity, not
+sleeps."""
 import gc
 import logging
 
@@ -25,8 +26,8 @@ def events(run, event: str, nodes) -> list[float]:
     return [c.at for c in run.timeline.changes if c.event == event and c.node in nodes]
 
 
-def test_a_batch_never_exceeds_the_budget(tmp_path):
-    run = fleet_up(7, "2", replace_seconds=0.2, tmp_dir=tmp_path)
+def test_a_batch_never_exceeds_the_budget(tmp_path, kube):
+    run = fleet_up(7, "2", replace_seconds=0.2, tmp_dir=tmp_path, kube=kube)
     assert run.error is None, run.error
     assert [len(b) for b in batches_of(run)] == [2, 2, 2, 1]
     assert run.timeline.max_unavailable() == 2  # used, never exceeded
@@ -41,11 +42,11 @@ def test_a_batch_never_exceeds_the_budget(tmp_path):
     assert max(events(run, "replace requested", first)) < min(events(run, "left", first)) + 0.2
 
 
-def test_a_failure_in_one_batch_stops_later_batches(tmp_path):
-    run = fleet_up(6, "2", replace_seconds=0.2, tmp_dir=tmp_path, fail=frozenset())
+def test_a_failure_in_one_batch_stops_later_batches(tmp_path, kube):
+    run = fleet_up(6, "2", replace_seconds=0.2, tmp_dir=tmp_path, kube=kube, fail=frozenset())
     names = [n for b in batches_of(run) for n in b]
     failing = names[2]  # first node of batch 2
-    run = fleet_up(6, "2", replace_seconds=0.2, tmp_dir=tmp_path, fail=frozenset({failing}))
+    run = fleet_up(6, "2", replace_seconds=0.2, tmp_dir=tmp_path, kube=kube, fail=frozenset({failing}))
     assert run.error is not None and "batch 3 and later were not started" in str(run.error)
     assert f"node {failing} of batch 2 did not finish" in str(run.error)
     requested = {c.node for c in run.timeline.changes if c.event == "replace requested"}
@@ -55,27 +56,29 @@ def test_a_failure_in_one_batch_stops_later_batches(tmp_path):
     assert f"{mate}-replacement" in run.mocks.outputs  # the batch-mate's running replacement finished
 
 
-def test_nodes_unavailable_for_other_reasons_count_against_the_budget(tmp_path):
-    probe = fleet_up(5, "2", replace_seconds=0.1, tmp_dir=tmp_path)
+def test_nodes_unavailable_for_other_reasons_count_against_the_budget(tmp_path, kube):
+    probe = fleet_up(5, "2", replace_seconds=0.1, tmp_dir=tmp_path, kube=kube)
     last = batches_of(probe)[-1][0]  # in the last batch, so outside batches 1 and 2
-    run = fleet_up(5, "2", replace_seconds=0.1, tmp_dir=tmp_path, cordoned=(last,), capacity_timeout=0.5)
+    run = fleet_up(5, "2", replace_seconds=0.1, tmp_dir=tmp_path, kube=kube, cordoned=(last,), capacity_timeout=0.5)
     assert run.error is not None and "batch 1 was not started" in str(run.error)
     assert f"unavailable: {last} (cordoned)" in str(run.error)
     assert not [c for c in run.timeline.changes if c.event == "replace requested"]
 
 
-def test_a_gate_waits_for_capacity_to_come_back(tmp_path):
-    probe = fleet_up(5, "2", replace_seconds=0.1, tmp_dir=tmp_path)
+def test_a_gate_waits_for_capacity_to_come_back(tmp_path, kube, monkeypatch):
+    probe = fleet_up(5, "2", replace_seconds=0.1, tmp_dir=tmp_path, kube=kube)
     last = batches_of(probe)[-1][0]
     uncordoned = []
 
     def uncordon_while_the_first_gate_polls(kube):
-        def uncordon():
-            kube.nodes[last]["spec"]["unschedulable"] = None
-            uncordoned.append(len(kube.requests))
-        kube.after(5, "/api/v1/nodes", uncordon)
+        from iks_gpu_migration import plan
 
-    run = fleet_up(5, "2", replace_seconds=0.1, tmp_dir=tmp_path, cordoned=(last,),
+        def uncordon():
+            kube.patch_node(last, {"spec": {"unschedulable": None}})
+            uncordoned.append(last)
+        kube.after_calls(monkeypatch, plan, "gate_decision", 5, uncordon)
+
+    run = fleet_up(5, "2", replace_seconds=0.1, tmp_dir=tmp_path, kube=kube, cordoned=(last,),
                    setup=uncordon_while_the_first_gate_polls)
     assert run.error is None and uncordoned
     gate_opened = next(c.at for c in run.timeline.changes if c.event == "gate opened")
@@ -83,9 +86,9 @@ def test_a_gate_waits_for_capacity_to_come_back(tmp_path):
     assert run.timeline.max_unavailable() <= 2
 
 
-def test_batch_mates_in_one_pool_and_zone_each_follow_their_own_new_worker(tmp_path):
+def test_batch_mates_in_one_pool_and_zone_each_follow_their_own_new_worker(tmp_path, kube):
     # IKS links no new worker to the one it replaces: both replacements of a batch see both new workers appear.
-    run = fleet_up(4, "2", replace_seconds=0.2, tmp_dir=tmp_path, shared_pool=True)
+    run = fleet_up(4, "2", replace_seconds=0.2, tmp_dir=tmp_path, kube=kube, shared_pool=True)
     assert run.error is None, run.error
     batches = batches_of(run)
     assert [len(b) for b in batches] == [2, 2]

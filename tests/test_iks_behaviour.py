@@ -305,33 +305,30 @@ def test_temp_pool_workers_must_be_stable(emu):
 
 # 11. The node behind a worker: what other entries recorded survives the provider process -------------------------
 
-def test_a_resumed_replacement_skips_workers_another_entry_recorded_on_its_node(emu, tmp_path):
+def test_a_resumed_replacement_skips_workers_another_entry_recorded_on_its_node(emu, kube):
     """A new provider process (the `up` after `pulumi refresh` found the worker replaced outside Pulumi) has no claims
     of its batch-mates; the config entry OperatorReadiness wrote on each replaced node tells them apart."""
     from iks_gpu_migration.kube.records import CONFIG_NAME_ANNOTATION
     from iks_gpu_migration.kube.inventory import IKS_WORKER_ID_LABEL
-    from tests.emulators.kube import KubeEmulator
     recorded = emu.add_worker()  # its own replacement, recorded by the first run
     mate = emu.add_worker(version="1.36.1_1531")  # another entry's replaced worker, same pool and zone
-    kube = KubeEmulator().start()
-    try:
-        node = kube.add_node(mate["networkInterfaces"][0]["ipAddress"], labels={IKS_WORKER_ID_LABEL: mate["id"]})
-        settings = {"kubeconfig": kube.write_kubeconfig(tmp_path / "kubeconfig"), "timeout": 5, "poll_interval": 0.01}
-        IksClient.from_api(emu.api()).replace_worker("gpu-cluster", recorded["id"])  # outside Pulumi
-        for _ in range(4):
-            emu.tick()
-        (outside,) = [w["id"] for w in live_workers(emu) if w["id"] != mate["id"]]
-        with pytest.raises(ReplacementError, match=rf"ambiguous \(.*{outside}.*\)"):
-            replace(emu, recorded["id"], evict=settings)  # nothing recorded on the mate's node: refuses to guess
-        node["metadata"]["annotations"] = {CONFIG_NAME_ANNOTATION: "10.240.0.12"}
-        outs = replace(emu, recorded["id"], evict=settings)
-        assert (outs["old_worker_id"], outs["new_worker_id"]) == (recorded["id"], outside)
-        assert emu.replaced == [recorded["id"]]  # only the outside replace: none by the program
-        node["metadata"]["annotations"] = {CONFIG_NAME_ANNOTATION: "10.240.0.9"}  # its own entry (node_name)
-        with pytest.raises(ReplacementError, match="ambiguous"):
-            replace(emu, recorded["id"], evict=settings)
-    finally:
-        kube.stop()
+    # The mate's node, on the real API server (tests/envtest.py; prefixed, as node names are cluster-wide there).
+    node = kube.name(mate["networkInterfaces"][0]["ipAddress"])
+    kube.add_node(node, labels={IKS_WORKER_ID_LABEL: mate["id"]})
+    settings = {"kubeconfig": kube.kubeconfig, "timeout": 5, "poll_interval": 0.01}
+    IksClient.from_api(emu.api()).replace_worker("gpu-cluster", recorded["id"])  # outside Pulumi
+    for _ in range(4):
+        emu.tick()
+    (outside,) = [w["id"] for w in live_workers(emu) if w["id"] != mate["id"]]
+    with pytest.raises(ReplacementError, match=rf"ambiguous \(.*{outside}.*\)"):
+        replace(emu, recorded["id"], evict=settings)  # nothing recorded on the mate's node: refuses to guess
+    kube.patch_node(node, {"metadata": {"annotations": {CONFIG_NAME_ANNOTATION: "10.240.0.12"}}})
+    outs = replace(emu, recorded["id"], evict=settings)
+    assert (outs["old_worker_id"], outs["new_worker_id"]) == (recorded["id"], outside)
+    assert emu.replaced == [recorded["id"]]  # only the outside replace: none by the program
+    kube.patch_node(node, {"metadata": {"annotations": {CONFIG_NAME_ANNOTATION: "10.240.0.9"}}})  # its own entry
+    with pytest.raises(ReplacementError, match="ambiguous"):
+        replace(emu, recorded["id"], evict=settings)
 
 
 def test_a_resumed_replacement_whose_new_worker_failed_stops_at_once_and_never_follows_it(emu):

@@ -50,7 +50,7 @@ def test_pilot_declares_each_stage(pilot_run):
     # Siblings are no longer passed (O(n^2) inputs at fleet scale); a resumed replacement relies on its own state.
     assert replacement["other_worker_ids"] == []
     assert run.named(f"smoke-{DRA_NODE}").inputs["spec"]["nodeSelector"]["kubernetes.io/hostname"] == DRA_NODE
-    # One preflight per batch with dra nodes, over that batch (kube_checks.preflight with the pilot label).
+    # One preflight per batch with dra nodes, over that batch (kube/preflight.py preflight with the pilot label).
     preflight = run.named("batch-1-dra-preflight").inputs
     assert preflight["dra_nodes"] == [DRA_NODE] and preflight["all_nodes"] == [DRA_NODE]
     assert preflight["pilot_label"] == "migration.example.com/gpu-dra=pilot"

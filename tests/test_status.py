@@ -1,6 +1,7 @@
 """`python -m iks_gpu_migration.status`: real names from outputs, progress per stage, one-line errors."""
 import json
 import os
+import pathlib
 import stat
 
 import pytest
@@ -11,35 +12,44 @@ from tests.emulators.http import LocalServer
 
 
 UUID0 = "GPU-0a1b2c3d-0000-1111-2222-333344445555"
-STACK = (
-    "config:\n"
-    "  gpu-migration:clusterName: pilot\n"
-    '  gpu-migration:kubeVersion: "1.37"\n'
-    "  gpu-migration:nodes:\n"
-    "    - {name: n1, workerId: w1, stage: dra}\n"
-    "    - {name: n2, workerId: w2, stage: device-plugin}\n"
-    "    - {name: n3, workerId: w3, stage: ibm-managed}\n"
-)
-# As `pulumi stack output --json` prints migration.export's outputs: n1's worker was replaced and came back as n1b.
-OUTPUTS = {"node:n1": {"stage": "dra", "workerId": "w1", "replacedWorkerId": "w1-new", "nodeName": "n1b",
-                       "smokeTest": "passed"},
-           "node:n2": {"stage": "device-plugin", "workerId": "w2", "replacedWorkerId": "w2", "nodeName": "n2"},
-           "node:n3": {"stage": "ibm-managed", "workerId": "w3"}}
+
+
+def stack(p: str) -> str:
+    """The stack config; `p` is the test's name prefix (node names are cluster-wide on the shared API server)."""
+    return (
+        "config:\n"
+        "  gpu-migration:clusterName: pilot\n"
+        '  gpu-migration:kubeVersion: "1.37"\n'
+        "  gpu-migration:nodes:\n"
+        f"    - {{name: {p}n1, workerId: w1, stage: dra}}\n"
+        f"    - {{name: {p}n2, workerId: w2, stage: device-plugin}}\n"
+        f"    - {{name: {p}n3, workerId: w3, stage: ibm-managed}}\n"
+    )
+
+
+def outputs(p: str) -> dict:
+    """As `pulumi stack output --json` prints migration.export's outputs: n1's worker was replaced and came back as
+    n1b."""
+    return {f"node:{p}n1": {"stage": "dra", "workerId": "w1", "replacedWorkerId": "w1-new", "nodeName": f"{p}n1b",
+                            "smokeTest": "passed"},
+            f"node:{p}n2": {"stage": "device-plugin", "workerId": "w2", "replacedWorkerId": "w2",
+                            "nodeName": f"{p}n2"},
+            f"node:{p}n3": {"stage": "ibm-managed", "workerId": "w3"}}
 
 
 @pytest.fixture
 def project(tmp_path, kube, monkeypatch):
-    (tmp_path / "Pulumi.pilot.yaml").write_text(STACK)
-    (tmp_path / "outputs.json").write_text(json.dumps(OUTPUTS))
+    p = kube.prefix
+    (tmp_path / "Pulumi.pilot.yaml").write_text(stack(p))
+    (tmp_path / "outputs.json").write_text(json.dumps(outputs(p)))
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no pulumi CLI unless a test puts one there
     monkeypatch.delenv("KUBECONFIG", raising=False)
-    n1 = kube.add_node("n1b", labels={"migration.example.com/gpu-dra": "pilot",
-                                      "nvidia.com/gpu.deploy.device-plugin": "false"})
-    n1["metadata"]["annotations"] = {VERIFICATION_ANNOTATION: json.dumps(
-        {"path": "dra", "result": "passed", "gpu": UUID0, "checkedAt": "2026-12-02T12:00:00Z"})}
-    n2 = kube.add_node("n2", allocatable={"nvidia.com/gpu": "1"})
-    n2["spec"]["unschedulable"] = True
-    kube.add_node("n3", kubelet_version="v1.35.4+IKS",
+    kube.add_node(f"{p}n1b", labels={"migration.example.com/gpu-dra": "pilot",
+                                     "nvidia.com/gpu.deploy.device-plugin": "false"},
+                  annotations={VERIFICATION_ANNOTATION: json.dumps(
+                      {"path": "dra", "result": "passed", "gpu": UUID0, "checkedAt": "2026-12-02T12:00:00Z"})})
+    kube.add_node(f"{p}n2", allocatable={"nvidia.com/gpu": "1"}, unschedulable=True)
+    kube.add_node(f"{p}n3", kubelet_version="v1.35.4+IKS",
                   labels={"nvidia.com/gpu.deploy.operands": "false", "nvidia.com/gpu.deploy.driver": "false"})
     return tmp_path
 
@@ -54,36 +64,37 @@ def run(project, capsys, *args, kubeconfig=None):
 
 
 def test_table_shows_real_names_workers_versions_progress_and_verification(project, kube, capsys):
-    kubeconfig = kube.write_kubeconfig(project / "kubeconfig")
-    code, out, err = run(project, capsys, "--outputs", str(project / "outputs.json"), kubeconfig=kubeconfig)
+    p = kube.prefix
+    code, out, err = run(project, capsys, "--outputs", str(project / "outputs.json"), kubeconfig=kube.kubeconfig)
     assert code == 0 and err == ""
     lines = out.splitlines()
     assert lines[0].split() == ["NODE", "WORKER", "KUBE", "STAGE", "PROGRESS", "CORDONED", "VERIFICATION"]
-    assert lines[1].split() == ["n1b", "(was", "n1)", "w1-new", "v1.37.0+IKS", "dra", "4/4", "done", "no",
+    assert lines[1].split() == [f"{p}n1b", "(was", f"{p}n1)", "w1-new", "v1.37.0+IKS", "dra", "4/4", "done", "no",
                                 "passed", "dra", "at", "2026-12-02T12:00:00Z"]
-    assert lines[2].split() == ["n2", "w2", "v1.37.0+IKS", "device-plugin", "3/4", "(next:", "schedulable)", "yes",
+    assert lines[2].split() == [f"{p}n2", "w2", "v1.37.0+IKS", "device-plugin", "3/4", "(next:", "schedulable)", "yes",
                                 "-"]
-    assert lines[3].split() == ["n3", "w3", "v1.35.4+IKS", "ibm-managed", "1/1", "done", "no", "-"]
+    assert lines[3].split() == [f"{p}n3", "w3", "v1.35.4+IKS", "ibm-managed", "1/1", "done", "no", "-"]
 
 
 def test_a_renamed_entry_is_found_by_its_key(project, kube, capsys):
     """An entry renamed to the new node keeps its old name as `key`; its outputs stay under node:<key>."""
-    (project / "Pulumi.pilot.yaml").write_text(STACK.replace("{name: n1, workerId: w1, stage: dra}",
-                                                             "{name: n1c, key: n1, workerId: w1, stage: dra}"))
-    kubeconfig = kube.write_kubeconfig(project / "kubeconfig")
-    code, out, _ = run(project, capsys, "--outputs", str(project / "outputs.json"), kubeconfig=kubeconfig)
+    p = kube.prefix
+    (project / "Pulumi.pilot.yaml").write_text(stack(p).replace(f"{{name: {p}n1, workerId: w1, stage: dra}}",
+                                                                f"{{name: {p}n1c, key: {p}n1, workerId: w1, stage: dra}}"))
+    code, out, _ = run(project, capsys, "--outputs", str(project / "outputs.json"), kubeconfig=kube.kubeconfig)
     assert code == 0
-    assert out.splitlines()[1].split()[:4] == ["n1b", "(was", "n1c)", "w1-new"]
+    assert out.splitlines()[1].split()[:4] == [f"{p}n1b", "(was", f"{p}n1c)", "w1-new"]
 
 
 def test_json_for_scripts(project, kube, capsys):
-    kubeconfig = kube.write_kubeconfig(project / "kubeconfig")
-    del kube.nodes["n3"]
-    code, out, _ = run(project, capsys, "--json", "--outputs", str(project / "outputs.json"), kubeconfig=kubeconfig)
+    p = kube.prefix
+    kube.delete_node(f"{p}n3")
+    code, out, _ = run(project, capsys, "--json", "--outputs", str(project / "outputs.json"),
+                       kubeconfig=kube.kubeconfig)
     data = json.loads(out)
     assert code == 0 and data["stack"] == "pilot" and data["notes"] == []
     n1, n2, n3 = data["nodes"]
-    assert (n1["node"], n1["configuredName"], n1["workerId"], n1["kubeVersion"]) == ("n1b", "n1", "w1-new",
+    assert (n1["node"], n1["configuredName"], n1["workerId"], n1["kubeVersion"]) == (f"{p}n1b", f"{p}n1", "w1-new",
                                                                                      "v1.37.0+IKS")
     assert n1["verification"]["gpu"] == UUID0 and n1["verification"]["checkedAt"] == "2026-12-02T12:00:00Z"
     assert [s["step"] for s in n2["steps"] if not s["done"]] == ["schedulable"] and n2["cordoned"] is True
@@ -99,17 +110,17 @@ def test_outputs_from_the_pulumi_cli_when_on_path(project, kube, capsys):
     script.write_text(f"#!/bin/sh\necho \"$@\" > {project}/args\ncat {project}/outputs.json\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     os.environ["PATH"] = f"{bin_dir}{os.pathsep}/bin{os.pathsep}/usr/bin"
-    code, out, err = run(project, capsys, kubeconfig=kube.write_kubeconfig(project / "kubeconfig"))
+    code, out, err = run(project, capsys, kubeconfig=kube.kubeconfig)
     assert code == 0 and err == ""
     assert (project / "args").read_text().split() == ["stack", "output", "--json", "--stack", "pilot"]
-    assert out.splitlines()[1].startswith("n1b (was n1)")
+    assert out.splitlines()[1].startswith(f"{kube.prefix}n1b (was {kube.prefix}n1)")
 
 
 def test_without_outputs_it_says_so_and_shows_configured_names(project, kube, capsys):
-    code, out, err = run(project, capsys, kubeconfig=kube.write_kubeconfig(project / "kubeconfig"))
+    code, out, err = run(project, capsys, kubeconfig=kube.kubeconfig)
     assert code == 0
     assert err.startswith("note: pulumi CLI not on PATH") and "--outputs FILE" in err
-    assert out.splitlines()[1].split()[:4] == ["n1", "w1", "-", "dra"] and "node not found" in out.splitlines()[1]
+    assert out.splitlines()[1].split()[:4] == [f"{kube.prefix}n1", "w1", "-", "dra"] and "node not found" in out.splitlines()[1]
 
 
 def test_failing_pulumi_cli_degrades_with_its_message(project, kube, capsys):
@@ -119,7 +130,7 @@ def test_failing_pulumi_cli_degrades_with_its_message(project, kube, capsys):
     script.write_text("#!/bin/sh\necho 'error: no stack named pilot found' >&2\nexit 255\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     os.environ["PATH"] = f"{bin_dir}{os.pathsep}/bin{os.pathsep}/usr/bin"
-    code, _, err = run(project, capsys, kubeconfig=kube.write_kubeconfig(project / "kubeconfig"))
+    code, _, err = run(project, capsys, kubeconfig=kube.kubeconfig)
     assert code == 0
     assert "`pulumi stack output --stack pilot` failed (error: no stack named pilot found)" in err
 
@@ -153,21 +164,28 @@ def test_invalid_kubeconfig_names_the_file(project, capsys):
     assert f"kubeconfig {bad} is not usable" in err and "pass --kubeconfig PATH" in err
 
 
+def with_server(kube, path, url: str) -> str:
+    """The test's kubeconfig with its server replaced by `url`."""
+    config = json.loads(pathlib.Path(kube.kubeconfig).read_text())
+    config["clusters"][0]["cluster"]["server"] = url
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
 def test_unreachable_api_server(project, kube, capsys):
-    kubeconfig = kube.write_kubeconfig(project / "kubeconfig")
-    kube.stop()
+    from gpu_migration_local.control_plane import free_port
+    url = f"https://127.0.0.1:{free_port()}"  # nothing listens there (the shared API server keeps running)
+    kubeconfig = with_server(kube, project / "kubeconfig", url)
     err = one_line_error(project, capsys, "--outputs", str(project / "outputs.json"), kubeconfig=kubeconfig)
-    assert err.startswith(f"error: cannot reach the Kubernetes API server at {kube.url}")
+    assert err.startswith(f"error: cannot reach the Kubernetes API server at {url}")
 
 
 def test_404_from_something_that_is_not_kubernetes_is_not_node_not_found(project, kube, capsys):
     # e.g. a kubeconfig pointing at a web server or proxy: a plain 404 page, no Kubernetes Status object.
     web = LocalServer(lambda method, path, headers, body: (404, "404 page not found")).start()
     try:
-        kubeconfig = project / "kubeconfig"
-        kube.write_kubeconfig(project / "k")
-        kubeconfig.write_text((project / "k").read_text().replace(kube.url, web.url))
-        err = one_line_error(project, capsys, "--outputs", str(project / "outputs.json"), kubeconfig=str(kubeconfig))
+        kubeconfig = with_server(kube, project / "kubeconfig", web.url)
+        err = one_line_error(project, capsys, "--outputs", str(project / "outputs.json"), kubeconfig=kubeconfig)
     finally:
         web.stop()
     assert "answered HTTP 404" in err and "not a Kubernetes API answer" in err and "not found" not in err
