@@ -10,9 +10,6 @@ import base64
 import os
 
 from .project import EVERY_UP_CHECKS, meaningful, planned_changes
-
-# ComponentResources added after release 0.2.0 (iks_gpu_migration/components/): created by the first preview/up.
-NEW_COMPONENTS = {"operator": "+", "dra-path": "+", "rollout": "+"}
 from .release import (
     RELEASE,
     REPO,
@@ -27,6 +24,8 @@ from .release import (
 )
 from .scenario_env import PILOT, PILOT_STAGES, PLUGIN, A, B, C, Events
 
+# ComponentResources added after release 0.2.0 (iks_gpu_migration/components/): created by the first preview/up.
+NEW_COMPONENTS = {"operator": "+", "dra-path": "+", "rollout": "+"}
 KUBE, IKS = "iks_gpu_migration.kube_providers", "iks_gpu_migration.iks_providers"
 SWITCH, GATE = "iks_gpu_migration.node_switch", "iks_gpu_migration.capacity_gate"
 # Every dynamic resource of PILOT_STAGES (A dra, B device-plugin, C ibm-managed) and the provider class the release
@@ -57,11 +56,18 @@ def host_imports(log) -> tuple[list[dict], list[dict]]:
 
 
 def test_state_made_by_the_release_refreshes_updates_and_deletes_with_this_tree(env, tmp_path):
+    released, released_ids = deploy_with_release(env, tmp_path)
+    stack = use_this_tree(env, tmp_path)
+    refresh_and_preview(env, stack, released)
+    after_up, after_up_ids = update_and_delete(env, stack, released)
+    destroy_and_check_imports(env, stack, tmp_path, released, released_ids, after_up, after_up_ids)
+
+
+def deploy_with_release(env, tmp_path) -> tuple[dict, dict]:
+    """Phase 1: the whole migration to PILOT_STAGES with the release's code; its state names the release's modules."""
     release = materialise(tmp_path / "release") / "iks_gpu_migration"
     project, cli_env = env.project, env.project.engine.env
     pulumi, pulumi_env = project.engine.cli()
-
-    # Phase 1: the whole migration to PILOT_STAGES with the release's code -----------------------------------------
     log1 = tmp_path / "imports-release.jsonl"
     project.write_stack(env.config(PILOT_STAGES))
     output = up_with_release(release.parent, project.dir, project.engine.backend_dir, cli_env["IC_API_KEY"], log1)
@@ -84,8 +90,12 @@ def test_state_made_by_the_release_refreshes_updates_and_deletes_with_this_tree(
         refs = pickled_globals(released[name])
         assert (module, cls) in refs, f"{name}: __provider does not refer to {module}.{cls}: {sorted(refs)}"
         assert module.encode() in base64.b64decode(released[name])
+    return released, released_ids
 
-    # Phase 2: this tree's code (the test process's imports; the provider host's PYTHONPATH starts at this tree) ----
+
+def use_this_tree(env, tmp_path):
+    """Phase 2: this tree's code (the test process's imports; the provider host's PYTHONPATH starts at this tree)."""
+    project, cli_env = env.project, env.project.engine.env
     hooks = tmp_path / "import-recorder-tree"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
@@ -93,8 +103,12 @@ def test_state_made_by_the_release_refreshes_updates_and_deletes_with_this_tree(
     project.engine.env = {**cli_env, "GPU_MIGRATION_IMPORT_LOG": str(log2),
                           "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), str(REPO),
                                                                       os.environ.get("PYTHONPATH")]))}
-    stack = project.stack()
+    return project.stack()
 
+
+def refresh_and_preview(env, stack, released: dict) -> None:
+    pulumi, pulumi_env = env.project.engine.cli()
+    project = env.project
     # refresh reads every resource with the pickle in its outputs (the release's) and keeps it.
     stack.refresh(on_output=print)
     refreshed = provider_pickles(export(pulumi, pulumi_env, project.dir))
@@ -114,6 +128,11 @@ def test_state_made_by_the_release_refreshes_updates_and_deletes_with_this_tree(
     # delete the old URN, and planned_changes keeps "-" for that name.
     assert meaningful(changes) == NEW_COMPONENTS, f"preview after refresh plans {meaningful(changes)}:\n" + "\n".join(shown)
     assert set(changes) <= EVERY_UP_CHECKS | set(NEW_COMPONENTS) | {f"{n}-operand-placement" for n in (A, B)}, changes
+
+
+def update_and_delete(env, stack, released: dict) -> tuple[dict, dict]:
+    pulumi, pulumi_env = env.project.engine.cli()
+    project = env.project
 
     # up with a change that updates and deletes resources the release made: B device-plugin -> dra. B's rollback
     # check goes (deleted with the release's pickle), its switch runs, its smoke test is new.
@@ -138,7 +157,13 @@ def test_state_made_by_the_release_refreshes_updates_and_deletes_with_this_tree(
     state = export(pulumi, pulumi_env, project.dir)
     after_up, after_up_ids = provider_pickles(state), resource_ids(state)
     assert f"{B}-rollback" not in after_up
+    return after_up, after_up_ids
 
+
+def destroy_and_check_imports(env, stack, tmp_path, released: dict, released_ids: dict, after_up: dict,
+                              after_up_ids: dict) -> None:
+    pulumi, pulumi_env = env.project.engine.cli()
+    log2 = tmp_path / "imports-tree.jsonl"
     # destroy deletes the rest, among them the resources the release made whose outputs still hold its pickle (same
     # id): Delete unpickles that one.
     still_released = sorted(n for n, p in after_up.items()
@@ -146,7 +171,7 @@ def test_state_made_by_the_release_refreshes_updates_and_deletes_with_this_tree(
     assert {"master-version", f"{A}-replacement"} <= set(still_released), still_released
     print(f"destroy deletes {len(still_released)} resources with the release's __provider: {still_released}")
     stack.destroy(on_output=print)
-    assert provider_pickles(export(pulumi, pulumi_env, project.dir)) == {}
+    assert provider_pickles(export(pulumi, pulumi_env, env.project.dir)) == {}
 
     # Every provider operation of phase 2 ran this tree's modules.
     # The release's module paths were imported as this tree's aliases (state_compat: no file behind them), every other
