@@ -35,8 +35,12 @@ def smoke_pod(
             name=smoke_pod_name(node_name),
             namespace=smoke.namespace,
             labels={"app.kubernetes.io/name": "gpu-smoke-test"},
-            # The pod runs to completion; SmokeTestVerification does the waiting and judging.
-            annotations={"pulumi.com/skipAwait": "true"},
+            # The pod runs to completion; SmokeTestVerification does the waiting and judging, so the create waits only
+            # for the object (its uid). Not `pulumi.com/skipAwait`: on a Pod that also skips waiting for the delete
+            # (pulumi-kubernetes metadata/overrides.go allowsSkipAwaitWithDelete, issues #1232 and #3154), and a
+            # replacement's server-side apply then met the old, still terminating pod: field conflict on
+            # .spec.nodeSelector and .spec.tolerations (tests/real/test_engine_minimal.py).
+            annotations={"pulumi.com/waitFor": "jsonpath={.metadata.uid}"},
         ),
         spec=k8s.core.v1.PodSpecArgs(
             restart_policy="Never",

@@ -66,3 +66,51 @@ def test_kubernetes_provider_creates_device_class_with_extended_resource_name(cl
     eventually(lambda: out["name"].value not in [d["metadata"]["name"] for d in client.CustomObjectsApi(
         cluster.api_client).list_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses")["items"]],
         "DeviceClass deleted by destroy")
+
+
+def test_smoke_pod_replaced_while_the_old_one_still_terminates(cluster, project):
+    """A smoke pod re-created for a new node name (a worker replaced outside Pulumi, then `refresh` + `up`) while the
+    old pod is still terminating: the create must wait for the old pod to be gone. With `pulumi.com/skipAwait` on a
+    Pod, pulumi-kubernetes returns from Delete at once (metadata/overrides.go DeletedCondition,
+    allowsSkipAwaitWithDelete; pulumi-kubernetes#1232, #3154), and the server-side apply of the new pod then met the
+    old pod and failed with a field conflict on .spec.nodeSelector and .spec.tolerations. A finalizer keeps the old
+    pod terminating here for a few seconds, deterministically."""
+    import threading
+
+    from iks_gpu_migration.components.smoke_pod import smoke_pod
+    from iks_gpu_migration.config import SmokeTest
+
+    core = client.CoreV1Api(cluster.api_client)
+    namespace, hold = f"smoke-{uuid.uuid4().hex[:6]}", "gpu-migration.test/hold"
+    core.create_namespace({"metadata": {"name": namespace}})
+    smoke = SmokeTest(image="nvcr.io/nvidia/cuda:12.9.1-base-ubi9", namespace=namespace)
+    hostname = {"value": "10.9.1.1"}
+
+    def program():
+        import pulumi_kubernetes as k8s
+        provider = k8s.Provider("local", kubeconfig=cluster.kubeconfig.read_text())
+        pod = smoke_pod("gpu-a", hostname["value"], smoke, "nvidia.com/gpu", ("migration.example.com/gpu-dra", "pilot"),
+                        opts=pulumi.ResourceOptions(provider=provider))
+        pulumi.export("uid", pod.metadata.uid)
+
+    project.write_stack({})
+    stack = project.stack("smoke", program)
+    first = stack.up(on_output=print).outputs["uid"].value
+    core.patch_namespaced_pod("gpu-smoke-gpu-a", namespace, {"metadata": {"finalizers": [hold]}})
+    hostname["value"] = "10.9.1.2"
+
+    def release_when_terminating():
+        eventually(lambda: core.read_namespaced_pod("gpu-smoke-gpu-a", namespace).metadata.deletion_timestamp,
+                   "the old smoke pod terminating", timeout=60)
+        threading.Event().wait(3)  # the replacement's create runs now if it does not wait for the deletion
+        core.patch_namespaced_pod("gpu-smoke-gpu-a", namespace, {"metadata": {"finalizers": None}})
+
+    releaser = threading.Thread(target=release_when_terminating, daemon=True)
+    releaser.start()
+    second = stack.up(on_output=print)
+    releaser.join(timeout=60)
+    pod = core.read_namespaced_pod("gpu-smoke-gpu-a", namespace)
+    assert second.outputs["uid"].value == pod.metadata.uid != first
+    assert pod.spec.node_selector["kubernetes.io/hostname"] == "10.9.1.2"
+    stack.destroy(on_output=print)
+    core.delete_namespace(namespace)
