@@ -1,26 +1,25 @@
 """GpuOperator: the NVIDIA GPU Operator's Helm release, installed only once every node that keeps IBM's drivers is
 fenced (never next to IBM's drivers), and the runbook's check that none of its operands runs on such a node."""
-from typing import Optional, Sequence
+from typing import Sequence
 
 import pulumi
-import pulumi_kubernetes as k8s
 
 from ..config import OPERATOR_MIN_VERSION, MigrationConfig
 from ..kube.operands import OperandPlacement
 from ..state_compat import WAS_AT_ROOT
 from . import charts
-from .gpu_node import GpuNode
+from .gpu_node import Context, GpuNode
 
 
 class GpuOperator(pulumi.ComponentResource):
     """`release` after every fence; `placement` checks the operand pods against the fenced nodes (`fenced_names`)."""
 
-    def __init__(self, cfg: MigrationConfig, provider: Optional[k8s.Provider], gpu_nodes: Sequence[GpuNode],
+    def __init__(self, cfg: MigrationConfig, ctx: Context, gpu_nodes: Sequence[GpuNode],
                  inventory: pulumi.Resource):
         super().__init__("gpu-migration:index:GpuOperator", "operator")
         fences = [r for n in gpu_nodes for r in (n.fence, n.labels) if r is not None]
         self.release = charts.gpu_operator_release(cfg.gpu_operator, opts=pulumi.ResourceOptions(
-            parent=self, provider=provider, depends_on=[*fences, inventory], aliases=WAS_AT_ROOT))
+            parent=self, provider=ctx.k8s_provider, depends_on=[*fences, inventory], aliases=WAS_AT_ROOT))
         self.fenced_names: pulumi.Output[list[str]] = pulumi.Output.all(
             *[n.fenced_name() for n in gpu_nodes]).apply(lambda names: sorted(filter(None, names)))
         self.placement = OperandPlacement(

@@ -73,7 +73,7 @@ def declare(cfg: MigrationConfig) -> Declared:
     out.temp_pool = temp_gpu_pool(cfg, ctx, out.master)
     after = [out.master, out.inventory, *filter(None, [out.temp_pool])]
     gpu_nodes = [GpuNode(n, cfg, ctx, out.inventory) for n in cfg.nodes]
-    operator = GpuOperator(cfg, provider, gpu_nodes, out.inventory)
+    operator = GpuOperator(cfg, ctx, gpu_nodes, out.inventory)
     out.gpu_operator, out.operand_placement = operator.release, operator.placement
     ready_after: list[pulumi.Resource] = [operator.release, operator.placement]
     dra = dra_path.DraPath(cfg, ctx, out.master, own_class) if own_class is not None else None

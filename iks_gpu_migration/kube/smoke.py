@@ -65,7 +65,6 @@ class _SmokeTestVerificationProvider(_Provider):
         return {"gpu_uuid": result.gpu_uuid, "device": result.device, "claim": result.claim, "result": summary}
 
 
-
 class SmokeTestVerification(Resource, module="gpu-migration", name="SmokeTestVerification"):
     """Judges the node's smoke-test Pod by the four criteria; re-runs when the Pod is replaced (new uid)."""
 
