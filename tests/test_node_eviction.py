@@ -1,6 +1,8 @@
 """Issue 10 point 10: before a worker is replaced its node is cordoned and its pods evicted through the Eviction API
 (PDBs respected, DaemonSet pods skipped, bounded); with a temporary pool, only once its nodes offer GPUs. Against the
 real API server (tests/envtest.py): its eviction subresource judges the PodDisruptionBudgets."""
+import uuid
+
 import pytest
 
 
@@ -34,12 +36,21 @@ def env(kube):
 
 
 def running(kube, name: str, node: str, **kwargs) -> dict:
-    """A Running, Ready pod in the test's namespace `ml` (a PDB guards only a ready pod)."""
-    return kube.add_pod(kube.ns("ml"), name, node=node, **kwargs)
+    """A Running, Ready pod of a ReplicaSet in the test's namespace `ml` (a PDB guards only a ready pod)."""
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": str(uuid.uuid4()), "controller": True}
+    return kube.add_pod(kube.ns("ml"), name, node=node, owner=owner, **kwargs)
 
 
 def daemonset_pod(kube, name: str, node: str) -> dict:
-    return kube.add_pod(kube.ns("gpu-operator"), name, node=node, owner=kube.daemonset_owner())
+    """A pod of a DaemonSet that exists (the drain skips only those, as kubectl drain's daemonSetFilter)."""
+    from kubernetes import client
+    ns = kube.ns("gpu-operator")
+    ds = client.AppsV1Api(kube.api).create_namespaced_daemon_set(ns, {
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "ds"},
+        "spec": {"selector": {"matchLabels": {"app": "ds"}}, "template": {
+            "metadata": {"labels": {"app": "ds"}}, "spec": {"containers": [{"name": "c", "image": "img"}]}}}})
+    owner = {**kube.daemonset_owner("ds"), "uid": ds.metadata.uid}
+    return kube.add_pod(ns, name, node=node, owner=owner)
 
 
 def test_pods_are_evicted_before_the_replace_respecting_pdbs_and_skipping_daemonsets(env, monkeypatch):
@@ -56,7 +67,9 @@ def test_pods_are_evicted_before_the_replace_respecting_pdbs_and_skipping_daemon
     daemonset_pod(kube, "nvidia-device-plugin-abc", node)
     running(kube, "done", node, phase="Succeeded", exit_code=0)
     replace(iks_emu, "w1", evict=settings)
-    assert at_replace == [{"pods": ["done", "nvidia-device-plugin-abc"], "cordoned": True}]
+    # The finished pod is deleted (not evicted: it disrupts nothing), the DaemonSet's pod stays.
+    assert at_replace == [{"pods": ["nvidia-device-plugin-abc"], "cordoned": True}]
+    assert ("DELETE", f"/api/v1/namespaces/{ml}/pods/done") in requests
     evictions = [p for m, p in requests if m == "POST" and p.endswith("/eviction")]
     assert evictions.count(f"/api/v1/namespaces/{ml}/pods/inference/eviction") >= 2  # 429, retried
     assert not [p for p in evictions if "nvidia-device-plugin" in p or "/done/" in p]
@@ -71,8 +84,8 @@ def test_a_pdb_that_never_allows_stops_before_the_replace(env):
     with pytest.raises(EvictionError) as raised:
         replace(iks_emu, "w1", evict={**settings, "timeout": 0.2})
     message = str(raised.value)
-    assert f"{ml}/inference" in message and "disruption budget" in message and "left cordoned" in message
-    assert f"kubectl uncordon {node}" in message
+    assert f"{ml}/inference" in message and f"PodDisruptionBudget {ml}/inference allows 0 disruptions" in message
+    assert not kube.unschedulable(node)  # this run's cordon is undone: nothing was replaced
     assert kube.pod(ml, "inference")["metadata"].get("deletionTimestamp") is None  # never evicted
     assert iks_emu.count("POST", "/v2/vpc/replaceWorker") == 0
     assert iks_emu.workers["w1"]["lifecycle"]["actualState"] == "deployed"
@@ -153,7 +166,66 @@ def test_the_eviction_subresource_answers_as_the_drain_expects(kube):
 def test_a_refused_replace_after_the_drain_says_the_node_is_cordoned(env):
     iks_emu, kube, settings, _, node = env
     iks_emu.refuse_replace["w1"] = (409, "The worker node cannot be replaced while the pool is rebalancing.")
-    with pytest.raises(IksApiError, match=rf"worker w1 is unchanged.*rebalancing.*node {node} was cordoned and "
-                                              rf"drained.*kubectl uncordon {node}"):
+    with pytest.raises(IksApiError, match=rf"worker w1 is unchanged.*rebalancing.*node {node} was drained before "
+                                              rf"the request and is uncordoned again"):
         replace(iks_emu, "w1", evict=settings)
-    assert kube.unschedulable(node) is True
+    assert not kube.unschedulable(node)
+
+
+def test_throttling_is_told_from_a_budget_and_its_retry_after_is_honoured(kube, monkeypatch):
+    """API Priority and Fairness answers 429 with Retry-After and no DisruptionBudget cause (k8s.io/apiserver
+    pkg/server/filters/priority-and-fairness.go, tooManyRequests): played twice in front of the real subresource."""
+    import json
+    import time
+
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from iks_gpu_migration.kube.eviction import drain
+    node = kube.name("n1")
+    kube.add_node(node)
+    running(kube, "web", node)
+    real, posts = client.CoreV1Api.create_namespaced_pod_eviction, []
+
+    def throttled(api, name, namespace, body, **kw):
+        posts.append(time.monotonic())
+        if len(posts) <= 2:
+            e = ApiException(status=429, reason="Too Many Requests")
+            e.headers, e.body = {"Retry-After": "1"}, json.dumps({"message": "Too many requests, please try again later."})
+            raise e
+        return real(api, name, namespace, body, **kw)
+    monkeypatch.setattr(client.CoreV1Api, "create_namespaced_pod_eviction", throttled)
+    logged: list[str] = []
+    monkeypatch.setattr("pulumi.log.info", lambda msg, *a, **k: logged.append(msg))
+    result = drain(node, {"kubeconfig": kube.kubeconfig, "timeout": 10, "poll_interval": 0.01})
+    assert result["evicted"] == [f"{kube.ns('ml')}/web"] and len(posts) == 3
+    assert posts[1] - posts[0] >= 1 and posts[2] - posts[1] >= 1  # never before Retry-After, though polled at 10 ms
+    assert any("API server throttling (429 without a PodDisruptionBudget cause, Retry-After 1s)" in m for m in logged)
+
+
+def test_a_403_in_a_terminating_namespace_is_retried_until_the_pod_is_gone(kube, monkeypatch):
+    """The real NamespaceLifecycle admission refuses the eviction (a create) in a terminating namespace with cause
+    NamespaceTerminating; kubectl drain retries it. No namespace controller here: the test deletes the pod as it
+    would, after the drain met the 403 twice."""
+    from kubernetes import client
+    node, ml = kube.name("n1"), kube.ns("ml")
+    kube.add_node(node)
+    running(kube, "web", node)
+    client.CoreV1Api(kube.api).delete_namespace(ml)
+    eventually(lambda: client.CoreV1Api(kube.api).read_namespace(ml).status.phase == "Terminating", "ns terminating")
+    answers: list[int] = []
+    real = client.CoreV1Api.create_namespaced_pod_eviction
+
+    def recording(api, name, namespace, body, **kw):
+        try:
+            return real(api, name, namespace, body, **kw)
+        except Exception as e:
+            answers.append(e.status)
+            if len(answers) == 2:
+                client.CoreV1Api(kube.api).delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+            raise
+    monkeypatch.setattr(client.CoreV1Api, "create_namespaced_pod_eviction", recording)
+    from iks_gpu_migration.kube.eviction import drain
+    result = drain(node, {"kubeconfig": kube.kubeconfig, "timeout": 10, "poll_interval": 0.01})
+    # Retried, not fatal; once the namespace controller's delete took the pod, the drain is done.
+    assert answers == [403, 403] and result["evicted"] == [] and kube.pod_or_none(ml, "web") is None

@@ -59,6 +59,7 @@ def eviction_settings(cfg: MigrationConfig, temp_pool: Any) -> dict[str, Any]:
         "poll_interval": cfg.timeouts.poll_interval,
         "gpu_nodes": temp_pool.node_names if temp_pool is not None else [],
         "gpu_resources": resources,
+        "drain": cfg.drain.model_dump(),  # kubectl drain's options (plan/drain.py)
     }
 
 
@@ -146,6 +147,7 @@ def export(out: Declared) -> None:
         if gpu_node.replacement is not None:  # the worker and node as they are now (read by status)
             entry["replacedWorkerId"] = gpu_node.replacement.new_worker_id
             entry["nodeName"] = gpu_node.replacement.node_name
+            entry["drained"] = gpu_node.replacement.drained
         if gpu_node.verification is not None:
             entry["smokeTest"] = gpu_node.verification.result
         pulumi.export(f"node:{name}", entry)

@@ -2,9 +2,9 @@
 models (model.py), the name grammars (grammar.py), rules across fields (cross_checks.py), reading and reporting
 (loading.py)."""
 from .loading import load, parse, raw_from_pulumi
-from .model import (FIELDS, MIN_MINOR, NAMESPACE, OPERATOR_MIN_VERSION, STAGES, ConfigError, HelmChart, Hooks,
+from .model import (FIELDS, MIN_MINOR, NAMESPACE, OPERATOR_MIN_VERSION, STAGES, ConfigError, Drain, HelmChart, Hooks,
                     IbmCloud, MigrationConfig, Node, SmokeTest, Stage, Taint, TempGpuPool, Timeouts)
 
-__all__ = ["FIELDS", "MIN_MINOR", "NAMESPACE", "OPERATOR_MIN_VERSION", "STAGES", "ConfigError", "HelmChart", "Hooks",
+__all__ = ["FIELDS", "MIN_MINOR", "NAMESPACE", "OPERATOR_MIN_VERSION", "STAGES", "ConfigError", "Drain", "HelmChart", "Hooks",
            "IbmCloud", "MigrationConfig", "Node", "SmokeTest", "Stage", "Taint", "TempGpuPool", "Timeouts", "load",
            "parse", "raw_from_pulumi"]

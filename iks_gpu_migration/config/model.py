@@ -197,6 +197,34 @@ class Hooks(Model):
         return v
 
 
+class WaitForCompletion(Model):
+    """As the GPU Operator's driver upgrade policy `waitForCompletion` (k8s-operator-libs upgrade/: pods matching
+    podSelector on the node finish before anything is evicted; after `timeout` the drain goes on and evicts them)."""
+    pod_selector: str = Field(min_length=1)
+    timeout: float = Field(default=3600, gt=0, le=MAX_TIMEOUT)
+
+    @field_validator("pod_selector")
+    @classmethod
+    def _selector(cls, v: str) -> str:
+        for term in filter(str.strip, v.split(",")):
+            key, sep, value = term.strip().partition("=")
+            if not sep or not _LABEL_VALUE.match(value):
+                raise ValueError(f"podSelector term {term!r} must be key=value")
+            check_qualified_name(key)
+        return v
+
+
+class Drain(Model):
+    """How a node is drained before its worker is replaced: `kubectl drain`'s options (k8s.io/kubectl/pkg/drain)."""
+    force: bool = False  # --force: also evict pods no controller re-creates (bare pods, orphaned DaemonSet pods)
+    delete_empty_dir_data: bool = False  # --delete-emptydir-data: evict pods whose emptyDir data is then lost
+    # --skip-wait-for-delete-timeout: stop waiting for a pod whose deletionTimestamp (the end of its grace period)
+    # is more than this many seconds past; 0: wait for each one (kubectl drain filters.go shouldSkipPod).
+    skip_wait_for_delete_timeout: float = Field(default=0, ge=0, le=MAX_TIMEOUT)
+    gpu_pods_only: bool = False  # the GPU Operator's gpuPodDeletion: evict only pods that use a GPU
+    wait_for_completion: Optional[WaitForCompletion] = None
+
+
 class MigrationConfig(Model):
     cluster_name: str = Field(min_length=1)
     kube_version: str
@@ -221,6 +249,7 @@ class MigrationConfig(Model):
     timeouts: Timeouts = Timeouts()
     kubeconfig: Optional[str] = None  # path; default is KUBECONFIG / ~/.kube/config
     hooks: Hooks = Hooks()
+    drain: Drain = Drain()
     # Capacity budget (iks_gpu_migration.plan): GPU nodes unavailable at once, a count or "NN%" of `nodes`.
     max_unavailable: Union[int, str] = 1
     batch_soak_seconds: float = Field(default=0, ge=0)  # wait between batches

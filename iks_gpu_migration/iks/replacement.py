@@ -69,7 +69,7 @@ class WorkerReplacementProvider(_IksProvider):
         first = {w["id"]: w for w in run.client.list_workers(cluster, show_deleted=True)}.get(start)
         if first is not None and self._needs_replacement(first, target):
             # The gates (master, eviction) may take their own bounded time: not counted against the replace wait.
-            self._before_replace(run.client, props, first)
+            run.drained = self._before_replace(run.client, props, first)
             run.prepared.add(start)
         what = f"worker {start} of cluster {cluster} replaced at {target} (deployed, normal, Ready)"
         try:
@@ -92,6 +92,8 @@ class WorkerReplacementProvider(_IksProvider):
             "new_worker_id": new["id"],
             "node_name": primary_ip(new) or props.get("node_name"),
             "actual_version": actual,
+            # What the drain moved (read by `status`); a resumed replacement keeps what the first run recorded.
+            "drained": run.drained if run.drained is not None else props.get("drained"),
         }
 
     @staticmethod
@@ -120,9 +122,9 @@ class WorkerReplacementProvider(_IksProvider):
             )
         return state
 
-    def _before_replace(self, client: IksClient, props: dict[str, Any], worker: dict) -> None:
+    def _before_replace(self, client: IksClient, props: dict[str, Any], worker: dict) -> Optional[dict]:
         """The gates every replaceWorker passes: another GPU node exists, the master rests at the target, and the
-        node's workloads were moved off it (cordon + Eviction API)."""
+        node's workloads were moved off it (kube/eviction.py); returns what the drain moved, if it ran."""
         cluster = props["cluster"]
         if props.get("single_gpu_node"):
             raise ReplacementError(
@@ -134,10 +136,12 @@ class WorkerReplacementProvider(_IksProvider):
         evict = props.get("evict")
         if evict and primary_ip(worker):
             from ..kube import eviction  # kubernetes is only needed when a node is drained
-            eviction.drain(primary_ip(worker), evict)
+            return eviction.drain(primary_ip(worker), evict)
+        return None
 
     @staticmethod
-    def _request(client: IksClient, cluster: str, worker: dict, drained: Optional[str] = None) -> None:
+    def _request(client: IksClient, cluster: str, worker: dict, drained: Optional[str] = None,
+                 evict: Optional[dict] = None) -> None:
         """A refused request (4xx) is an error naming the worker, unless the worker is in fact being replaced."""
         _log(f"replacing worker {worker['id']} of cluster {cluster} (update=true) from {worker_version(worker)}")
         try:
@@ -149,8 +153,10 @@ class WorkerReplacementProvider(_IksProvider):
             if after is not None and is_deleting(after):
                 _log(f"worker {worker['id']} is already being replaced ({e})")
                 return
-            drain_note = (f"; its node {drained} was cordoned and drained before the request: `kubectl uncordon "
-                          f"{drained}` if you give up the replacement" if drained else "")
+            drain_note = f"; its node {drained} was drained before the request" if drained else ""
+            if drained and evict:
+                from ..kube import eviction
+                drain_note += " and is uncordoned again" if eviction.release(drained, evict) else ""
             raise IksApiError(f"IKS refused the replacement, worker {worker['id']} is unchanged: {e}{drain_note}",
                               e.status_code) from None
 
@@ -180,6 +186,7 @@ class _Run:
         self.created: set[str] = set()
         self.prepared: set[str] = set()
         self.orphaned_at: Optional[float] = None
+        self.drained: Optional[dict] = None  # what this process's drain moved off the node
 
     def poll(self) -> tuple[bool, Optional[dict], str]:
         workers = self.client.list_workers(self.cluster, show_deleted=True)
@@ -234,12 +241,12 @@ class _Run:
         if not is_deployed(cur):
             return False, None, describe_worker(cur)
         if cur["id"] not in self.prepared:
-            self.provider._before_replace(self.client, self.props, cur)
+            self.drained = self.provider._before_replace(self.client, self.props, cur)
             self.prepared.add(cur["id"])
         self.known = set(by_id)
         self.requested.add(cur["id"])
         drained = primary_ip(cur) if self.props.get("evict") else None
-        self.provider._request(self.client, self.cluster, cur, drained)
+        self.provider._request(self.client, self.cluster, cur, drained, self.props.get("evict"))
         return False, None, f"replacement of worker {cur['id']} (update to {target}) requested"
 
 
@@ -251,6 +258,7 @@ class WorkerReplacement(dyn.Resource, module="gpu-migration", name="WorkerReplac
     node_name: pulumi.Output[str]  # the new worker's Kubernetes node name (its primary private IP on VPC)
     kube_version: pulumi.Output[str]
     actual_version: pulumi.Output[str]
+    drained: pulumi.Output[dict]  # what the drain before the replace moved: evicted, deleted, skipped, ... pods
 
     def __init__(
         self,
@@ -274,5 +282,5 @@ class WorkerReplacement(dyn.Resource, module="gpu-migration", name="WorkerReplac
         props = {"cluster": cluster, "worker_id": worker_id, "node_name": node_name, "kube_version": kube_version,
                  "api": api, "timeout": timeout, "poll_interval": poll_interval,
                  "other_worker_ids": other_worker_ids or [], "single_gpu_node": single_gpu_node, "evict": evict,
-                 "old_worker_id": None, "new_worker_id": None, "actual_version": None}
+                 "old_worker_id": None, "new_worker_id": None, "actual_version": None, "drained": None}
         super().__init__(WorkerReplacementProvider(), name, props, opts)

@@ -1,49 +1,40 @@
-"""Move a node's workloads off it before IKS replaces its worker (the runbook: "Migrieren Sie Ihre GPU-Workloads auf
-den temporären Arbeiterknoten").
+"""Move a node's workloads off it before IKS replaces its worker, as `kubectl drain` does (k8s.io/kubectl/pkg/drain
+drain.go, filters.go at v0.37.2), with its options in the stack config (`drain:`, plan/drain.py decides):
 
-As `kubectl drain` does (kubernetes/kubectl pkg/drain/{drain,filters}.go): cordon the node, then evict every pod on
-it through the Eviction API (policy/v1), which honours PodDisruptionBudgets: 429 Too Many Requests means the budget
-allows no disruption right now (kubernetes pkg/registry/core/pod/storage/eviction.go), so the eviction is retried
-until the bounded timeout. DaemonSet pods and mirror (static) pods are skipped: their controllers keep them on the
-node anyway. Finished pods need no eviction.
+1. with a temporary pool, its nodes offer GPUs first (or GPU pods would just wait Pending);
+2. cordon, marked as this program's (kube/cordon.py), undone whenever the run stops before the replacement;
+3. optionally wait for jobs (drain.waitForCompletion), then list what would go (GetPodsForDeletion): bare pods and
+   pods with emptyDir data are refused unless opted in, naming every one, and nothing is evicted;
+4. evict through the Eviction API (policy/v1) once per pod: a 429 is a PodDisruptionBudget (named, with its allowed
+   disruptions) or throttling (Retry-After honoured); a 403 in a terminating namespace is retried (drain.go
+   evictPods); finished pods are deleted;
+5. wait for the evicted pods by UID (waitForDelete), not for an empty node; a pod that came back is named, not
+   awaited; on a NotReady node or past drain.skipWaitForDeleteTimeout a terminating pod is not awaited either
+   (its kubelet will not finish it; the worker is deleted anyway).
+Everything is bounded by timeouts.evict; what went is logged per pod and recorded on the node (records.py).
 
-When the workloads are to go to other GPU nodes (the temporary pool), those nodes must offer GPUs before the node is
-drained, or GPU pods would just wait Pending.
-
-Called by WorkerReplacementProvider right before each replaceWorker, so it runs exactly when a replacement does
-(also on a kubeVersion bump), never for a node already at its target.
+Called by WorkerReplacementProvider right before each replaceWorker, so it runs exactly when a replacement does.
 """
 import json
-from typing import Any, Optional
+import time
+from typing import Any
 
 import pulumi
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from ..common.waiting import WaitTimeout, optional_float, wait_for
+from ..plan.drain import DrainList, DrainOptions, Verdict, namespace_terminating, too_many
+from . import drain_listing
+from .cordon import CORDON_ANNOTATION, cordon
+from .records import record_drain
 
-MIRROR_ANNOTATION = "kubernetes.io/config.mirror"  # static pods (kubectl drain filters.go skips them too)
 DEFAULT_GPU_RESOURCES = ("nvidia.com/gpu",)
+DRAIN_CORDON = "worker-replacement"  # CORDON_ANNOTATION value of the drain's cordon
 
 
 class EvictionError(RuntimeError):
-    """The node could not be emptied in time; nothing was replaced."""
-
-
-def skip_reason(pod: client.V1Pod) -> Optional[str]:
-    """Why a pod is left alone (None: evict it)."""
-    meta = pod.metadata
-    if any(ref.kind == "DaemonSet" for ref in meta.owner_references or []):
-        return "DaemonSet pod"
-    if MIRROR_ANNOTATION in (meta.annotations or {}):
-        return "mirror pod"
-    if (pod.status.phase if pod.status else None) in ("Succeeded", "Failed"):
-        return "finished"
-    return None
-
-
-def to_evict(pods: list[client.V1Pod]) -> list[client.V1Pod]:
-    return [p for p in pods if skip_reason(p) is None]
+    """The node could not be emptied; nothing was replaced."""
 
 
 def gpus_offered(node: client.V1Node, resources: list[str]) -> int:
@@ -58,18 +49,25 @@ def gpus_offered(node: client.V1Node, resources: list[str]) -> int:
 
 
 def _settings(settings: dict[str, Any]) -> dict[str, Any]:
+    opts = settings.get("drain") or {}
     return {
         "kubeconfig": settings.get("kubeconfig") or None,
         "timeout": optional_float(settings.get("timeout"), 1800),
         "interval": optional_float(settings.get("poll_interval"), 15),
         "gpu_nodes": [n for n in settings.get("gpu_nodes") or [] if n],
         "gpu_resources": list(settings.get("gpu_resources") or DEFAULT_GPU_RESOURCES),
+        "options": DrainOptions(force=bool(opts.get("force")),
+                                delete_empty_dir_data=bool(opts.get("delete_empty_dir_data")),
+                                skip_wait_for_delete_timeout=float(opts.get("skip_wait_for_delete_timeout") or 0),
+                                gpu_pods_only=bool(opts.get("gpu_pods_only"))),
+        "wait_for_completion": opts.get("wait_for_completion") or None,
     }
 
 
 def drain(node: str, settings: dict[str, Any]) -> dict[str, Any]:
-    """Cordon `node` and evict its pods; returns {"evicted": [...], "skipped": [...]}. Raises EvictionError on
-    timeout, naming the pods left and what blocks them (the node stays cordoned; nothing was replaced)."""
+    """Cordon `node` and move its pods off; returns what went ({"evicted", "deleted", "skipped", "notAwaited",
+    "cameBack"}). Raises EvictionError naming the pods and what blocks them; the node is then uncordoned again
+    if this drain cordoned it, and nothing was replaced."""
     s = _settings(settings)
     with config.new_client_from_config(config_file=s["kubeconfig"]) as api:
         core = client.CoreV1Api(api)
@@ -82,9 +80,35 @@ def drain(node: str, settings: dict[str, Any]) -> dict[str, Any]:
             raise
         if s["gpu_nodes"]:
             _wait_for_gpus(core, s)
-        pulumi.log.info(f"cordoning node {node} and evicting its pods before its worker is replaced")
-        core.patch_node(node, {"spec": {"unschedulable": True}})
-        return _evict_all(core, node, s)
+        pulumi.log.info(f"cordoning node {node} and draining it before its worker is replaced")
+        cordon(api, node, DRAIN_CORDON)
+        try:
+            result = _Drain(api, node, s).run()
+        except BaseException:
+            if _undo_cordon(api, node):
+                pulumi.log.info(f"node {node}: this run's cordon was undone (nothing was replaced)")
+            raise
+    return result
+
+
+def release(node: str, settings: dict[str, Any]) -> bool:
+    """The replacement did not happen after all (IKS refused it): undo the drain's cordon. True if undone."""
+    with config.new_client_from_config(config_file=_settings(settings)["kubeconfig"]) as api:
+        try:
+            return _undo_cordon(api, node)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+
+def _undo_cordon(api, node: str) -> bool:
+    """Only the drain's own cordon: an admin's cordon, or the path switch's, stays."""
+    core = client.CoreV1Api(api)
+    if (core.read_node(node).metadata.annotations or {}).get(CORDON_ANNOTATION) != DRAIN_CORDON:
+        return False
+    core.patch_node(node, {"metadata": {"annotations": {CORDON_ANNOTATION: None}}, "spec": {"unschedulable": None}})
+    return True
 
 
 def _wait_for_gpus(core: client.CoreV1Api, s: dict[str, Any]) -> None:
@@ -110,55 +134,196 @@ def _wait_for_gpus(core: client.CoreV1Api, s: dict[str, Any]) -> None:
                             f"Check the GPU Operator on those nodes and re-run `pulumi up`") from None
 
 
-def _evict_all(core: client.CoreV1Api, node: str, s: dict[str, Any]) -> dict[str, Any]:
-    evicted: set[str] = set()
-    skipped: set[str] = set()
-    blocked: dict[str, str] = {}
+class _Drain:
+    """One drain of one node within this process: what was listed, evicted, awaited."""
 
-    def poll() -> tuple[bool, None, str]:
-        pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
-        for pod in pods:
-            key = f"{pod.metadata.namespace}/{pod.metadata.name}"
-            reason = skip_reason(pod)
-            if reason:
-                skipped.add(f"{key} ({reason})")
-                continue
-            blocked.pop(key, None)
+    def __init__(self, api, node: str, s: dict[str, Any]) -> None:
+        self.api, self.node, self.s = api, node, s
+        self.core = client.CoreV1Api(api)
+        self.to_evict: dict[str, Verdict] = {}
+        self.not_before: dict[str, float] = {}  # no eviction POST before (Retry-After, PDB backoff)
+        self.blocked: dict[str, str] = {}
+        self.awaited: dict[str, str] = {}  # pod key -> UID evicted or deleted
+        self.gone: list[str] = []
+        self.evicted: list[str] = []
+        self.not_awaited: list[str] = []
+
+    def run(self) -> dict[str, Any]:
+        if self.s["wait_for_completion"]:
+            drain_listing.wait_for_completion(self.core, self.node, self.s["wait_for_completion"], self.s["interval"])
+        listed = drain_listing.listing(self.api, self.node, self.s["options"], self.s["gpu_resources"])
+        if listed.refused:
+            raise EvictionError(f"{listed.refusal(self.node)} (gpu-migration:drain); node {self.node} keeps running "
+                                f"them and its worker was not replaced")
+        deleted = [self._delete(v) for v in listed.with_action("delete")]
+        self.to_evict = {v.pod.key: v for v in listed.with_action("evict")}
+        # Deleted pods are awaited too (kubectl drain deletePods -> waitForDelete): a Job's pod goes only once the
+        # job controller removed its tracking finalizer.
+        self.awaited.update({v.pod.key: v.pod.uid for v in listed.with_action("await") + listed.with_action("delete")})
+        try:
+            wait_for(f"pods evicted from node {self.node}", self._poll, self.s["timeout"], self.s["interval"])
+        except WaitTimeout as e:
+            raise EvictionError(self._timeout_message(e)) from None
+        result = {
+            "evicted": sorted(self.evicted), "deleted": sorted(deleted),
+            "skipped": sorted(f"{v.pod.key} ({v.reason})" for v in listed.with_action("skip")),
+            "notAwaited": sorted(self.not_awaited), "cameBack": self._came_back(listed),
+        }
+        self._report(result)
+        return result
+
+    def _delete(self, verdict: Verdict) -> str:
+        """Finished pods are deleted (kubectl drain deletes them too; no disruption to budget for)."""
+        pod = verdict.pod
+        try:
+            self.core.delete_namespaced_pod(pod.name, pod.namespace,
+                                            body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.uid)))
+        except ApiException as e:
+            if e.status not in (404, 409):  # gone, or another pod of that name now
+                raise
+        pulumi.log.info(f"node {self.node}: deleted finished pod {pod.key}")
+        return pod.key
+
+    def _poll(self) -> tuple[bool, None, str]:
+        now = time.monotonic()
+        for key, verdict in list(self.to_evict.items()):
+            if self.not_before.get(key, 0) <= now:
+                self._evict(key, verdict, now)
+        self._check_awaited()
+        waiting = [f"{k} ({self.blocked.get(k, 'eviction not accepted yet')})" for k in self.to_evict] + \
+            [f"{k} (terminating)" for k in self.awaited]
+        done = not self.to_evict and not self.awaited
+        return done, None, f"{len(self.gone)} gone; left: {'; '.join(waiting)}" if waiting else "all gone"
+
+    def _evict(self, key: str, verdict: Verdict, now: float) -> None:
+        pod = verdict.pod
+        body = client.V1Eviction(api_version="policy/v1", kind="Eviction",  # as kubectl drain sends it
+                                 metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace))
+        try:
+            self.core.create_namespaced_pod_eviction(pod.name, pod.namespace, body)
+        except ApiException as e:
+            self._refused(key, e, now)
+            return
+        del self.to_evict[key]
+        self.blocked.pop(key, None)
+        self.awaited[key] = pod.uid
+        self.evicted.append(key)
+        pulumi.log.info(f"node {self.node}: evicted pod {key}" + (f" ({verdict.reason})" if verdict.reason else ""))
+
+    def _refused(self, key: str, e: ApiException, now: float) -> None:
+        status = _status(e)
+        if e.status == 404:  # already gone
+            del self.to_evict[key]
+            self.gone.append(key)
+        elif e.status == 429:
+            answer = too_many(status, (e.headers or {}).get("Retry-After"))
+            if answer.budget:
+                self.blocked[key] = self._budget(key.split("/")[0], answer.budget, answer.message)
+            else:
+                self.blocked[key] = (f"API server throttling (429 without a PodDisruptionBudget cause"
+                                     f"{f', Retry-After {answer.retry_after:g}s' if answer.retry_after else ''})")
+                pulumi.log.info(f"node {self.node}: evicting pod {key}: {self.blocked[key]}; retrying")
+            self.not_before[key] = now + answer.retry_after
+        elif e.status == 403 and namespace_terminating(status):
+            self._in_terminating_namespace(key)
+        else:
+            raise EvictionError(f"evicting pod {key} from node {self.node} failed: HTTP {e.status}: "
+                                f"{status.get('message') or e.reason}; its worker was not replaced") from None
+
+    def _in_terminating_namespace(self, key: str) -> None:
+        """The namespace controller deletes the pod itself: once it is terminating (or gone) it is awaited like an
+        evicted one; until then the eviction is retried (kubectl drain.go evictPods)."""
+        namespace, name = key.split("/", 1)
+        try:
+            pod = self.core.read_namespaced_pod(name, namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            pod = None
+        if pod is None or pod.metadata.deletion_timestamp:
+            uid = self.to_evict.pop(key).pod.uid
+            self.blocked.pop(key, None)
+            if pod is None:
+                self.gone.append(key)
+            else:
+                self.awaited[key] = uid
+            return
+        self.blocked[key] = "its namespace is terminating; the namespace controller deletes it (retried)"
+
+    def _budget(self, namespace: str, name: str, message: str) -> str:
+        try:
+            pdb = client.PolicyV1Api(self.api).read_namespaced_pod_disruption_budget(name, namespace)
+            st = pdb.status
+            return (f"PodDisruptionBudget {namespace}/{name} allows {st.disruptions_allowed} disruptions now "
+                    f"(needs {st.desired_healthy} healthy pods, has {st.current_healthy})")
+        except ApiException:
+            return f"PodDisruptionBudget {namespace}/{name}: {message}"
+
+    def _check_awaited(self) -> None:
+        """waitForDelete: gone when 404 or another UID took the name; not awaited past skipWaitForDeleteTimeout or
+        on a NotReady node (whose kubelet cannot finish it)."""
+        not_ready = None
+        skip_after = self.s["options"].skip_wait_for_delete_timeout
+        for key, uid in list(self.awaited.items()):
+            namespace, name = key.split("/", 1)
             try:
-                body = client.V1Eviction(  # typed as kubectl drain sends it (policy/v1 Eviction)
-                    api_version="policy/v1", kind="Eviction",
-                    metadata=client.V1ObjectMeta(name=pod.metadata.name, namespace=pod.metadata.namespace))
-                core.create_namespaced_pod_eviction(pod.metadata.name, pod.metadata.namespace, body)
-                evicted.add(key)
+                pod = self.core.read_namespaced_pod(name, namespace)
             except ApiException as e:
-                if e.status == 404:
-                    continue  # already gone
-                if e.status == 429:  # a PodDisruptionBudget allows no disruption now: retry later
-                    blocked[key] = f"PodDisruptionBudget: {_message(e)}"
-                    continue
-                raise EvictionError(f"evicting pod {key} from node {node} failed: HTTP {e.status}: {_message(e)}; "
-                                    f"node {node} is left cordoned and its worker was not replaced") from None
-        left = to_evict(pods)
-        names = [f"{p.metadata.namespace}/{p.metadata.name}" for p in left]
-        state = "; ".join(f"{n}" + (f" ({blocked[n]})" if n in blocked else " (terminating)") for n in names)
-        return not left, None, state or "empty"
+                if e.status != 404:
+                    raise
+                pod = None
+            if pod is None or pod.metadata.uid != uid:
+                del self.awaited[key]
+                self.gone.append(key)
+                continue
+            not_ready = self._not_ready() if not_ready is None else not_ready
+            deleted = pod.metadata.deletion_timestamp
+            age = time.time() - deleted.timestamp() if deleted else 0
+            why = ("node NotReady: its kubelet will not finish it" if not_ready else
+                   f"terminating for {age:.0f}s, past drain.skipWaitForDeleteTimeout" if skip_after and age > skip_after
+                   else None)
+            if why:
+                del self.awaited[key]
+                self.gone.append(key)
+                self.not_awaited.append(f"{key} ({why})")
+                pulumi.log.warn(f"node {self.node}: not waiting for evicted pod {key} to end ({why}); it goes with "
+                                f"the worker")
 
+    def _not_ready(self) -> bool:
+        conditions = self.core.read_node(self.node).status.conditions or []
+        return not any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+    def _came_back(self, listed: DrainList) -> list[str]:
+        """Pods scheduled onto the cordoned node after the listing (they tolerate node.kubernetes.io/unschedulable):
+        named, not awaited (kubectl waits only for what it evicted); they go with the worker."""
+        seen = {v.pod.uid for v in listed.verdicts + listed.refused}
+        after = drain_listing.listing(self.api, self.node, self.s["options"], self.s["gpu_resources"])
+        back = sorted(v.pod.key for v in after.verdicts + after.refused
+                      if v.pod.uid not in seen and v.action != "skip")
+        if back:
+            pulumi.log.warn(f"node {self.node}: {', '.join(back)} came back to the cordoned node (they tolerate "
+                            f"node.kubernetes.io/unschedulable); not waited for: they go with the worker")
+        return back
+
+    def _report(self, result: dict[str, Any]) -> None:
+        if result["skipped"]:
+            pulumi.log.info(f"node {self.node}: left in place: {', '.join(result['skipped'])}")
+        note = record_drain(self.api, self.node, result)
+        if note:
+            result["recordNote"] = note
+
+    def _timeout_message(self, e: WaitTimeout) -> str:
+        went = sorted(self.evicted)
+        budgets = sorted({b for b in self.blocked.values() if b.startswith("PodDisruptionBudget")})
+        fix = ("Let the blocking PodDisruptionBudgets allow a disruption (scale up, or move the pods), then re-run "
+               "`pulumi up`" if budgets else "Check why those pods do not end, then re-run `pulumi up`")
+        return (f"{e}; its worker was not replaced. Already evicted: {', '.join(went) or 'none'}. {fix}; "
+                f"gpu-migration:timeouts.evict bounds this wait")
+
+
+def _status(e: ApiException) -> dict[str, Any]:
     try:
-        # The first poll evicts; later polls retry blocked evictions and wait for evicted pods to be gone.
-        wait_for(f"pods evicted from node {node}", poll, s["timeout"], s["interval"])
-    except WaitTimeout as e:
-        raise EvictionError(
-            f"{e}; node {node} is left cordoned and its worker was not replaced. Let the blocking "
-            f"PodDisruptionBudgets allow a disruption (scale up, or move the pods), then re-run `pulumi up`; "
-            f"to give up instead: `kubectl uncordon {node}`"
-        ) from None
-    if skipped:
-        pulumi.log.info(f"node {node}: left in place: {', '.join(sorted(skipped))}")
-    return {"evicted": sorted(evicted), "skipped": sorted(skipped)}
-
-
-def _message(e: ApiException) -> str:
-    try:
-        return json.loads(e.body).get("message") or str(e.reason)
+        body = json.loads(e.body)
+        return body if isinstance(body, dict) else {}
     except Exception:  # noqa: BLE001 - a non-JSON body keeps the reason phrase
-        return str(e.reason)
+        return {"message": str(e.reason)}

@@ -40,3 +40,19 @@ def _last_record(api, node: str) -> dict[str, Any]:
 
 # Set by OperatorReadiness on a replaced node: the config entry it belongs to (its name may differ).
 CONFIG_NAME_ANNOTATION = "migration.example.com/gpu-node"
+
+
+# Set by the drain before a worker replacement (kube/eviction.py): what went and what stayed, read by `status`.
+DRAIN_ANNOTATION = "migration.example.com/drained"
+
+
+def record_drain(api, node: str, result: dict[str, Any]) -> str:
+    """Never raises, like _record: returns "" or a sentence saying the record is missing."""
+    record = {**{k: v for k, v in result.items() if v}, "at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    try:
+        client.CoreV1Api(api).patch_node(node, {"metadata": {"annotations": {DRAIN_ANNOTATION: json.dumps(record)}}})
+    except Exception as e:  # noqa: BLE001 - the drain happened; failing to record it must not undo that
+        note = f"(the drain could not be recorded on node {node} as {DRAIN_ANNOTATION}: {_short(e)})"
+        pulumi.log.warn(note)
+        return note
+    return ""
