@@ -299,3 +299,27 @@ def test_every_default_timeout_is_above_the_default_poll_interval():
     for name in Timeouts.model_fields:
         if name != "poll_interval":
             assert getattr(t, name) > t.poll_interval, name
+
+
+def test_drain_options_parse_with_kubectl_defaults(raw):
+    cfg = parse(raw)
+    assert (cfg.drain.force, cfg.drain.delete_empty_dir_data, cfg.drain.skip_wait_for_delete_timeout,
+            cfg.drain.gpu_pods_only, cfg.drain.wait_for_completion) == (False, False, 0, False, None)
+    raw["drain"] = {"force": True, "deleteEmptyDirData": True, "skipWaitForDeleteTimeout": 300, "gpuPodsOnly": True,
+                    "waitForCompletion": {"podSelector": "app=train,team=ml"}}
+    cfg = parse(raw)
+    assert cfg.drain.force and cfg.drain.wait_for_completion.timeout == 3600
+    assert cfg.drain.model_dump()["wait_for_completion"] == {"pod_selector": "app=train,team=ml", "timeout": 3600}
+
+
+@pytest.mark.parametrize("drain, key, expected", [
+    ({"force": "yes please"}, "drain.force", "valid boolean"),
+    ({"skipWaitForDeleteTimeout": -1}, "drain.skipWaitForDeleteTimeout", "greater than or equal to 0"),
+    ({"waitForCompletion": {"podSelector": "app"}}, "drain.waitForCompletion.podSelector", "'app' must be key=value"),
+    ({"waitForCompletion": {}}, "drain.waitForCompletion.podSelector", "is required"),
+    ({"deleteEmptydirData": True}, "drain.deleteEmptydirData", "unknown key (got True)"),
+])
+def test_bad_drain_options_are_named(raw, drain, key, expected):
+    raw["drain"] = drain
+    message = error_for(raw)
+    assert f"gpu-migration:{key}: " in message and expected in message, message

@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from iks_gpu_migration.cli import status
-from iks_gpu_migration.kube.records import VERIFICATION_ANNOTATION
+from iks_gpu_migration.kube.records import DRAIN_ANNOTATION, VERIFICATION_ANNOTATION
 from tests.emulators.http import LocalServer
 
 
@@ -31,7 +31,8 @@ def outputs(p: str) -> dict:
     """As `pulumi stack output --json` prints migration.export's outputs: n1's worker was replaced and came back as
     n1b."""
     return {f"node:{p}n1": {"stage": "dra", "workerId": "w1", "replacedWorkerId": "w1-new", "nodeName": f"{p}n1b",
-                            "smokeTest": "passed"},
+                            "smokeTest": "passed", "drained": {"evicted": ["ml/a", "ml/b"], "deleted": ["ml/job-1"],
+                                                               "skipped": ["op/plugin (DaemonSet plugin keeps it)"]}},
             f"node:{p}n2": {"stage": "device-plugin", "workerId": "w2", "replacedWorkerId": "w2",
                             "nodeName": f"{p}n2"},
             f"node:{p}n3": {"stage": "ibm-managed", "workerId": "w3"}}
@@ -48,7 +49,9 @@ def project(tmp_path, kube, monkeypatch):
                                      "nvidia.com/gpu.deploy.device-plugin": "false"},
                   annotations={VERIFICATION_ANNOTATION: json.dumps(
                       {"path": "dra", "result": "passed", "gpu": UUID0, "checkedAt": "2026-12-02T12:00:00Z"})})
-    kube.add_node(f"{p}n2", allocatable={"nvidia.com/gpu": "1"}, unschedulable=True)
+    # n2's drain happened, its replacement not yet: recorded on the node (kube/records.py record_drain).
+    kube.add_node(f"{p}n2", allocatable={"nvidia.com/gpu": "1"}, unschedulable=True, annotations={
+        DRAIN_ANNOTATION: json.dumps({"evicted": ["ml/c"], "notAwaited": ["ml/c (node NotReady: ...)"]})})
     kube.add_node(f"{p}n3", kubelet_version="v1.35.4+IKS",
                   labels={"nvidia.com/gpu.deploy.operands": "false", "nvidia.com/gpu.deploy.driver": "false"})
     return tmp_path
@@ -68,12 +71,12 @@ def test_table_shows_real_names_workers_versions_progress_and_verification(proje
     code, out, err = run(project, capsys, "--outputs", str(project / "outputs.json"), kubeconfig=kube.kubeconfig)
     assert code == 0 and err == ""
     lines = out.splitlines()
-    assert lines[0].split() == ["NODE", "WORKER", "KUBE", "STAGE", "PROGRESS", "CORDONED", "VERIFICATION"]
+    assert lines[0].split() == ["NODE", "WORKER", "KUBE", "STAGE", "PROGRESS", "CORDONED", "DRAINED", "VERIFICATION"]
     assert lines[1].split() == [f"{p}n1b", "(was", f"{p}n1)", "w1-new", "v1.37.0+IKS", "dra", "4/4", "done", "no",
-                                "passed", "dra", "at", "2026-12-02T12:00:00Z"]
+                                "2", "evicted,", "1", "deleted", "passed", "dra", "at", "2026-12-02T12:00:00Z"]
     assert lines[2].split() == [f"{p}n2", "w2", "v1.37.0+IKS", "device-plugin", "3/4", "(next:", "schedulable)", "yes",
-                                "-"]
-    assert lines[3].split() == [f"{p}n3", "w3", "v1.35.4+IKS", "ibm-managed", "1/1", "done", "no", "-"]
+                                "1", "evicted,", "1", "not", "awaited", "-"]
+    assert lines[3].split() == [f"{p}n3", "w3", "v1.35.4+IKS", "ibm-managed", "1/1", "done", "no", "-", "-"]
 
 
 def test_a_renamed_entry_is_found_by_its_key(project, kube, capsys):
@@ -99,6 +102,7 @@ def test_json_for_scripts(project, kube, capsys):
     assert n1["verification"]["gpu"] == UUID0 and n1["verification"]["checkedAt"] == "2026-12-02T12:00:00Z"
     assert [s["step"] for s in n2["steps"] if not s["done"]] == ["schedulable"] and n2["cordoned"] is True
     assert n3["found"] is False and n3["workerId"] == "w3"
+    assert n1["drained"]["evicted"] == ["ml/a", "ml/b"] and n2["drained"]["evicted"] == ["ml/c"]
 
 
 def test_outputs_from_the_pulumi_cli_when_on_path(project, kube, capsys):

@@ -25,13 +25,13 @@ import yaml
 from ..common.versions import version_at_least
 from ..config import NAMESPACE, MigrationConfig, Node, TempGpuPool
 from ..kube.labels import DEVICE_PLUGIN_OFF, IBM_MANAGED_LABELS, OPERANDS_OFF
-from ..kube.records import VERIFICATION_ANNOTATION
+from ..kube.records import DRAIN_ANNOTATION, VERIFICATION_ANNOTATION
 from ..plan import make_plan, parse_max_unavailable
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 OPERATOR_LABELS = ("nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.operands",
                    "nvidia.com/gpu.deploy.driver", "nvidia.com/gpu.present")
-COLUMNS = ("node", "worker", "kube", "stage", "progress", "cordoned", "verification")
+COLUMNS = ("node", "worker", "kube", "stage", "progress", "cordoned", "drained", "verification")
 REQUEST_TIMEOUT = 15  # seconds per API call: status must answer, not hang on an unreachable server
 DEFAULTS = {name: f.default for name, f in MigrationConfig.model_fields.items()}
 
@@ -169,6 +169,7 @@ class NodeFacts:
     cordoned: bool = False
     allocatable: dict[str, str] = field(default_factory=dict)
     verification: Optional[dict] = None
+    drained: Optional[dict] = None  # the drain recorded on the node (before its worker was replaced)
 
 
 def node_facts(node) -> Optional[NodeFacts]:
@@ -179,7 +180,8 @@ def node_facts(node) -> Optional[NodeFacts]:
     return NodeFacts(labels=dict(node.metadata.labels or {}), kubelet=(info.kubelet_version if info else "") or "",
                      cordoned=bool(node.spec and node.spec.unschedulable),
                      allocatable=dict((node.status.allocatable if node.status else None) or {}),
-                     verification=parse_verification(annotation))
+                     verification=parse_verification(annotation),
+                     drained=parse_verification((node.metadata.annotations or {}).get(DRAIN_ANNOTATION)))
 
 
 def parse_verification(raw: Optional[str]) -> Optional[dict]:
@@ -244,14 +246,25 @@ def describe_verification(record: Optional[dict]) -> str:
     return text
 
 
+def describe_drain(record: Optional[dict]) -> str:
+    """Counts of what the last drain before a replacement moved; `--json` lists every pod."""
+    if not record:
+        return "-"
+    parts = [f"{len(record[k])} {label}" for k, label in (("evicted", "evicted"), ("deleted", "deleted"),
+             ("notAwaited", "not awaited"), ("cameBack", "came back")) if isinstance(record.get(k), list) and record[k]]
+    return ", ".join(parts) or "nothing to move"
+
+
 def node_status(entry: dict, output: dict, facts: Optional[NodeFacts], config: dict) -> dict[str, Any]:
-    """One node's status as JSON-ready data."""
+    """One node's status as JSON-ready data. The drain: as the replacement recorded it in the stack outputs, else
+    as recorded on the node (a drain whose replacement has not happened yet)."""
     stage = entry.get("stage", "?")
     name = output.get("nodeName") or entry.get("name")
     out: dict[str, Any] = {
         "node": name, "configuredName": entry.get("name"), "stage": stage,
         "workerId": output.get("replacedWorkerId") or entry.get("workerId"),
         "found": facts is not None,
+        "drained": output.get("drained") or (facts.drained if facts is not None else None),
     }
     if facts is None:
         return {**out, "kubeVersion": None, "cordoned": None, "labels": {}, "steps": [], "verification": None}
@@ -270,11 +283,12 @@ def table_row(status: dict) -> dict[str, str]:
         node += f" (was {status['configuredName']})"
     if not status["found"]:
         return {"node": node, "worker": status["workerId"] or "-", "kube": "-", "stage": status["stage"],
-                "progress": "node not found", "cordoned": "-", "verification": "-"}
+                "progress": "node not found", "cordoned": "-", "drained": describe_drain(status.get("drained")),
+                "verification": "-"}
     steps = [(s["step"], s["done"]) for s in status["steps"]]
     return {"node": node, "worker": status["workerId"] or "-", "kube": status["kubeVersion"] or "-",
             "stage": status["stage"], "progress": describe_progress(steps) if steps else "-",
-            "cordoned": "yes" if status["cordoned"] else "no",
+            "cordoned": "yes" if status["cordoned"] else "no", "drained": describe_drain(status.get("drained")),
             "verification": describe_verification(status["verification"])}
 
 
