@@ -191,7 +191,8 @@ def test_throttling_is_told_from_a_budget_and_its_retry_after_is_honoured(kube, 
         posts.append(time.monotonic())
         if len(posts) <= 2:
             e = ApiException(status=429, reason="Too Many Requests")
-            e.headers, e.body = {"Retry-After": "1"}, json.dumps({"message": "Too many requests, please try again later."})
+            e.headers = {"Retry-After": "1"}
+            e.body = json.dumps({"message": "Too many requests, please try again later."})
             raise e
         return real(api, name, namespace, body, **kw)
     monkeypatch.setattr(client.CoreV1Api, "create_namespaced_pod_eviction", throttled)

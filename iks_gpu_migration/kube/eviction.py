@@ -176,8 +176,8 @@ class _Drain:
         """Finished pods are deleted (kubectl drain deletes them too; no disruption to budget for)."""
         pod = verdict.pod
         try:
-            self.core.delete_namespaced_pod(pod.name, pod.namespace,
-                                            body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.uid)))
+            only_this = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.uid))
+            self.core.delete_namespaced_pod(pod.name, pod.namespace, body=only_this)
         except ApiException as e:
             if e.status not in (404, 409):  # gone, or another pod of that name now
                 raise
