@@ -299,3 +299,13 @@ def test_every_default_timeout_is_above_the_default_poll_interval():
     for name in Timeouts.model_fields:
         if name != "poll_interval":
             assert getattr(t, name) > t.poll_interval, name
+
+
+def test_worker_pool_rules_opt_outs(raw):
+    assert parse(raw).worker_pool_rules.props() == {"allow_rebalancing_off": [], "allow_autoscaling": []}
+    raw["workerPoolRules"] = {"allowRebalancingOff": ["gpu-a"], "allowAutoscaling": ["gpu-b"]}
+    assert parse(raw).worker_pool_rules.props() == {"allow_rebalancing_off": ["gpu-a"], "allow_autoscaling": ["gpu-b"]}
+    raw["workerPoolRules"] = {"allowAutoscaling": [" "], "allowRebalance": ["gpu-a"]}
+    message = error_for(raw)
+    assert "gpu-migration:workerPoolRules.allowAutoscaling: entry 0 is empty" in message
+    assert "workerPoolRules.allowRebalance" in message

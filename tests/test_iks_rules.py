@@ -8,6 +8,7 @@ import pytest
 from iks_gpu_migration.iks.api import IksApiError, IksClient
 from iks_gpu_migration.iks.master import MasterVersionProvider
 from iks_gpu_migration.iks.provider import ReplacementError
+from iks_gpu_migration.common.waiting import WaitTimeout
 from iks_gpu_migration.plan import iks_rules
 from tests.emulators.iks import IksEmulator
 from tests.test_iks_providers import live_workers, master_props, replace
@@ -147,3 +148,123 @@ def test_a_master_above_the_target_stops_before_any_drain_or_replace():
         assert emu.workers[old]["lifecycle"]["actualState"] == "deployed"
     finally:
         emu.stop()
+
+
+# Pool rules in the providers ----------------------------------------------------------------------------------
+
+def test_a_pool_with_rebalancing_off_is_refused_before_any_replace(emu):
+    old = emu.add_worker()["id"]
+    emu.set_autobalance("gpu")
+    with pytest.raises(ReplacementError, match=rf"worker {old} of cluster gpu-cluster was not replaced \(nothing was "
+                                               r"drained\): automatic rebalancing is off for worker pool gpu in zone "
+                                               r"us-south-1.*ibmcloud ks worker-pool rebalance --cluster gpu-cluster "
+                                               r"--worker-pool gpu.*allowRebalancingOff"):
+        replace(emu, old)
+    assert emu.count(*REPLACE) == 0
+
+
+def test_an_autoscaled_pool_is_refused_before_any_replace(emu):
+    old = emu.add_worker()["id"]
+    emu.autoscale("gpu")
+    with pytest.raises(ReplacementError, match=r"cluster autoscaler manages worker pool gpu.*iks-ca-configmap.*"
+                                               r"workerPoolRules\.allowAutoscaling"):
+        replace(emu, old)
+    assert emu.count(*REPLACE) == 0
+
+
+def test_a_pool_the_autoscaler_configmap_enables_is_refused(emu, kube):
+    kube.core.create_namespaced_config_map("kube-system", {
+        "metadata": {"name": "iks-ca-configmap"},
+        "data": {"workerPoolsConfig.json": '[{"name": "gpu", "minSize": 1, "maxSize": 3, "enabled": true}]'}})
+    try:
+        old = emu.add_worker()["id"]
+        with pytest.raises(ReplacementError, match=r"cluster autoscaler manages worker pool gpu"):
+            replace(emu, old, evict={"kubeconfig": kube.kubeconfig, "timeout": 5, "poll_interval": 0.01})
+        assert emu.count(*REPLACE) == 0
+    finally:
+        kube.core.delete_namespaced_config_map("iks-ca-configmap", "kube-system")
+
+
+def test_the_opt_out_lets_the_pool_pass(emu):
+    old = emu.add_worker()["id"]
+    emu.set_autobalance("gpu")
+    with pytest.raises(ReplacementError, match="no new worker appeared"):  # replaced; nobody added the new worker
+        replace(emu, old, pool_rules={"allow_rebalancing_off": ["gpu"]}, rebalance_timeout=0.1)
+    assert emu.count(*REPLACE) == 1
+    other = emu.add_worker(pool_name="scaled")["id"]
+    emu.autoscale("scaled")
+    with pytest.raises(ReplacementError, match="no new worker appeared"):
+        replace(emu, other, pool_rules={"allow_autoscaling": ["scaled"]}, rebalance_timeout=0.1)
+    assert emu.count(*REPLACE) == 2
+
+
+# Canary per pool and zone ---------------------------------------------------------------------------------------
+
+def replace_together(emu: IksEmulator, olds: list[str], **overrides) -> dict[str, object]:
+    results: dict[str, object] = {}
+
+    def run(old: str) -> None:
+        try:
+            results[old] = replace(emu, old, **{"timeout": 20, **overrides})
+        except Exception as e:  # noqa: BLE001 - asserted by the caller
+            results[old] = e
+
+    threads = [threading.Thread(target=run, args=(old,)) for old in olds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(40)
+    return results
+
+
+def test_the_canary_shows_its_new_worker_before_its_batch_mates_in_the_pool_and_zone_are_replaced(emu):
+    olds = [emu.add_worker()["id"] for _ in range(3)]
+    emu.replace_lag = 20  # without the canary every request would be in before any new worker shows
+    results = replace_together(emu, olds)
+    assert all(isinstance(r, dict) for r in results.values()), results
+    (first_at, canary), *later = emu.replace_log
+    canary_new = results[canary]["new_worker_id"]
+    shown_at = emu.first_listed[canary_new]
+    assert emu.created_at[canary_new] <= shown_at
+    assert len(later) == 2 and all(at > shown_at for at, _ in later), (emu.replace_log, shown_at)
+    assert {results[old]["new_worker_id"] for old in olds} == {w["id"] for w in live_workers(emu)}
+
+
+def test_other_pools_and_zones_have_their_own_canary(emu):
+    same = [emu.add_worker(pool_name="gpu-a")["id"], emu.add_worker(pool_name="gpu-a")["id"]]
+    elsewhere = [emu.add_worker(pool_name="gpu-b")["id"], emu.add_worker(pool_name="gpu-a", zone="us-south-2")["id"]]
+    emu.replace_lag = 10 ** 6  # no new worker ever shows
+    results = replace_together(emu, [*same, *elsewhere], timeout=1)
+    # One canary per pool and zone was requested; its batch-mate in gpu-a/us-south-1 waited for it and stopped with
+    # it (or timed out waiting), never requested.
+    (canary,) = set(same) & set(emu.replaced)
+    (waiter,) = set(same) - {canary}
+    assert sorted(emu.replaced) == sorted([canary, *elsewhere])
+    assert all(isinstance(results[old], WaitTimeout) for old in [canary, *elsewhere]), results
+    assert "the canary of worker pool gpu-a, zone us-south-1" in str(results[waiter])
+
+
+def test_a_canary_that_shows_no_new_worker_stops_its_batch_mates_unreplaced(emu):
+    olds = [emu.add_worker()["id"], emu.add_worker()["id"]]
+    emu.rebalance = False  # the pool says rebalancing is on, yet no worker comes back
+    results = replace_together(emu, olds, rebalance_timeout=0.2)
+    (_, canary), = emu.replace_log
+    (mate,) = set(olds) - {canary}
+    assert "no new worker appeared" in str(results[canary])
+    assert isinstance(results[mate], ReplacementError)
+    assert f"the canary of worker pool gpu, zone us-south-1, worker {canary}, stopped before its new worker " \
+           f"appeared" in str(results[mate])
+    assert emu.workers[mate]["lifecycle"]["actualState"] == "deployed"
+
+
+def test_the_stack_config_opt_outs_reach_every_replacement():
+    import copy
+    from harness import run_program, stack_config
+    raw = copy.deepcopy(stack_config("pilot"))
+    raw["workerPoolRules"] = {"allowRebalancingOff": ["gpu-a"], "allowAutoscaling": ["gpu-b"]}
+    run = run_program(raw)
+    replacements = run.of_type("pulumi-python:dynamic/gpu-migration:WorkerReplacement")
+    assert replacements and all(r.inputs["pool_rules"] == {"allow_rebalancing_off": ["gpu-a"],
+                                                           "allow_autoscaling": ["gpu-b"]} for r in replacements)
+    # Every replacement comes after the master, whose create refuses a master above the target (before any drain).
+    assert all(run.depends(r.name, "master-version") for r in replacements)
