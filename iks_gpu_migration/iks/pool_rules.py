@@ -17,6 +17,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import pulumi
+
 from ..common.waiting import wait_for
 from ..plan import iks_rules
 from .api import IksClient
@@ -59,6 +61,10 @@ def autoscaler_pools(props: dict[str, Any]) -> frozenset[str]:
             cm = k8s.CoreV1Api(api).read_namespaced_config_map(name, namespace)
         except ApiException as e:
             if e.status == 404:
+                return frozenset()
+            if e.status == 403:  # the kubeconfig may not read kube-system: the API's autoscaleEnabled still counts
+                pulumi.log.warn(f"cannot read ConfigMap {namespace}/{name} (HTTP 403): which pools the cluster "
+                                f"autoscaler manages is taken from IKS's autoscaleEnabled alone")
                 return frozenset()
             raise ReplacementError(f"reading ConfigMap {namespace}/{name} (which pools the cluster autoscaler "
                                    f"manages) failed: HTTP {e.status} {e.reason}; nothing was replaced") from None
