@@ -13,7 +13,9 @@ Fault injection:
   replace_lag = n                     an accepted replace shows (old deleting, new provisioning) only n ticks later
   fail_new_workers = (state, message)  new workers end in e.g. provision_failed with that message
   flap_new_workers = n                new workers' health goes normal/critical/normal... for n ticks once deployed
-  rebalance = False                   automatic rebalancing off: a replace deletes the old worker, creates none
+  rebalance = False                   a replace deletes the old worker and creates none, whatever the pool says
+  set_autobalance(pool, zone, False)  the pool's automatic rebalancing off in a zone (autobalanceEnabled: false)
+  autoscale(pool)                     the cluster autoscaler manages the pool (autoscaleEnabled: true)
   fail_master_update = True           the next master update falls back to deployed at the old version
   busy_master(ticks)                  masterStatus is not Ready for `ticks` ticks (e.g. a CA rotation)
   answer_after_done(n, status, path)  n requests are carried out, then answered with `status` (a lost response)
@@ -31,10 +33,25 @@ Behaviour of the real service modelled here, with its source (see /work/shared/r
   a PUT while masterStatus is not Ready is refused with 400 Ef9cc (terraform-provider-ibm
   resource_ibm_container_vpc_cluster.go waitForVpcClusterMasterAvailable; ibm-cloud-docs cluster-states-reference).
 - 404 G0004 for an unknown cluster (bluemix-go containerv2 clusters.go error bodies; IBM docs).
-- with automatic rebalancing off a replace creates no new worker (ibm-cloud-docs auto-rebalance-off).
+- with automatic rebalancing off a replace creates no new worker (ibm-cloud-docs auto-rebalance-off: "A replacement
+  worker node is not created if the worker pool does not have automatic rebalancing enabled"); the pool shows it as
+  `autobalanceEnabled` per zone, autoscaling as `autoscaleEnabled` (container-services-go-sdk GetWorkerPoolResponse).
+- an autoscaled pool is not rebalanced by IKS ("you can't resize or rebalance your worker pools" once the autoscaler
+  manages them, ibm-cloud-docs cluster-scaling-install-addon-enable): modelled as a replace that creates no worker
+  (what the autoscaler would do later is not modelled).
+- the master takes major.minor only ({"action": "update", "version": "1.36"}, iks-api.md; IKS picks the patch): a
+  version with a patch or fix pack is refused here (the real answer to one is not documented).
+- n-2: workers may be at most two minor versions behind the master; without `force` (`ibmcloud ks cluster master
+  update --force-update`) an update leaving a worker further behind is refused (ibm-cloud-docs update.md,
+  cs_versions.md; the error code and wording here are the emulator's own, the real ones are not public).
+
+Request log for ordering assertions: `requests` (every request, in order); `replace_log` [(request index, worker)];
+`created_at` {worker: request index at which it was created}; `first_listed` {worker: index of the first
+getWorkers/getWorker answer that showed it}.
 """
 import itertools
 import json
+import re
 import threading
 import time
 from typing import Any, Optional
@@ -75,6 +92,10 @@ class IksEmulator:
         self.lock = threading.RLock()
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, IAM included
         self.replaced: list[str] = []  # workerID of every replaceWorker request, in order (refused ones too)
+        self.master_requests: list[dict] = []  # body of every master update request, in order
+        self.replace_log: list[tuple[int, str]] = []  # (request index, workerID) of every replaceWorker request
+        self.created_at: dict[str, int] = {}  # worker ID -> index of the request during which it was created
+        self.first_listed: dict[str, int] = {}  # worker ID -> index of the first answer that showed it
         self.tokens: dict[str, bool] = {}  # token -> still valid
         self.refuse_replace: dict[str, tuple[int, str]] = {}
         self.refuse_master_update: Optional[tuple[int, str]] = None
@@ -119,7 +140,8 @@ class IksEmulator:
     def add_pool(self, name: str, zone: str = "us-south-1", flavor: str = "gx3.16x80.l4", size: int = 0) -> dict:
         with self.lock:
             pool = {"id": f"{name}-{next(self._ids):04x}", "poolName": name, "flavor": flavor, "vpcID": "vpc-1",
-                    "workerCount": size, "zones": [{"id": zone, "workerCount": size, "subnets": []}],
+                    "workerCount": size, "autoscaleEnabled": False,
+                    "zones": [{"id": zone, "workerCount": size, "subnets": [], "autobalanceEnabled": True}],
                     "lifecycle": {"actualState": "active", "desiredState": "active"}}
             self.pools[pool["id"]] = pool
             return pool
@@ -129,11 +151,24 @@ class IksEmulator:
         """A worker in pool `pool_name` (created if missing); `grow`: the zone's size grows by one."""
         with self.lock:
             pool = self._pool(pool_name, live=True) or self.add_pool(pool_name, zone)
-            zone_entry = next(z for z in pool["zones"] if z["id"] == zone)
+            zone_entry = next((z for z in pool["zones"] if z["id"] == zone), None)
+            if zone_entry is None:  # a pool spans zones (`ibmcloud ks zone add vpc-gen2`)
+                zone_entry = {"id": zone, "workerCount": 0, "subnets": [], "autobalanceEnabled": True}
+                pool["zones"].append(zone_entry)
             zone_entry["workerCount"] += int(grow)
             pool["workerCount"] = zone_entry["workerCount"]
             worker = self._new_worker(pool, zone, version, state, worker_id)
             return worker
+
+    def set_autobalance(self, pool_name: str, zone: str = "us-south-1", enabled: bool = False) -> None:
+        """Automatic rebalancing of a pool in a zone (auto-rebalance-off.md; `worker-pool rebalance` turns it on)."""
+        with self.lock:
+            pool = self._pool(pool_name, live=True)
+            next(z for z in pool["zones"] if z["id"] == zone)["autobalanceEnabled"] = enabled
+
+    def autoscale(self, pool_name: str, enabled: bool = True) -> None:
+        with self.lock:
+            self._pool(pool_name, live=True)["autoscaleEnabled"] = enabled
 
     def answer_after_done(self, n: int, status: int = 503, path: str = "") -> None:
         with self.lock:
@@ -209,6 +244,7 @@ class IksEmulator:
                                    "subnetID": "subnet-1"}],
         }
         self.workers[worker["id"]] = worker
+        self.created_at[worker["id"]] = len(self.requests) - 1
         if state == "provisioning":
             if self.stick_new_workers:
                 self.stuck.add(worker["id"])
@@ -298,12 +334,12 @@ class IksEmulator:
             if q.get("pool") and pool is None:
                 raise Error(404, "The specified worker pool could not be found.", "E0052")
             show_deleted = q.get("showDeleted") == "true"
-            return 200, [w for w in self.workers.values()
-                         if (show_deleted or w["lifecycle"]["actualState"] != "deleted")
-                         and (pool is None or w["poolID"] == pool["id"])]
+            return 200, self._listed([w for w in self.workers.values()
+                                      if (show_deleted or w["lifecycle"]["actualState"] != "deleted")
+                                      and (pool is None or w["poolID"] == pool["id"])])
         if (method, path) == ("GET", "/v2/vpc/getWorker"):
             self._check_cluster(q.get("cluster"))
-            return 200, self._worker(q.get("worker"))
+            return 200, self._listed([self._worker(q.get("worker"))])[0]
         if (method, path) == ("POST", "/v2/vpc/replaceWorker"):
             self._check_cluster(body.get("cluster"))
             return self._replace(body)
@@ -322,13 +358,21 @@ class IksEmulator:
             return self._remove_pool(unquote(parts[5]))
         raise Error(404, f"no route {method} {path}", "E0404")
 
+    def _listed(self, workers: list[dict]) -> list[dict]:
+        for w in workers:
+            self.first_listed.setdefault(w["id"], len(self.requests) - 1)
+        return workers
+
     def _update_master(self, body: dict) -> tuple[int, None]:
+        self.master_requests.append(dict(body))
         if body.get("action") != "update":
             raise Error(400, "action must be update", "E0001")
         if self.refuse_master_update:
             raise Error(*self.refuse_master_update, "E3411")
-        full = self.versions.get(body.get("version", "")) or body.get("version")
-        if full not in self.versions.values():
+        if not re.fullmatch(r"\d+\.\d+", str(body.get("version", ""))):  # major.minor only (module docstring)
+            raise Error(400, f"The Kubernetes version {body.get('version')} is not valid: specify major.minor.", "E2a33")
+        full = self.versions.get(body["version"])
+        if full is None:
             raise Error(400, f"The Kubernetes version {body.get('version')} is not valid.", "E2a33")
         life = self.cluster["lifecycle"]
         if self.busy_on_update:
@@ -342,6 +386,12 @@ class IksEmulator:
         current, wanted = (version_key(v)[1] for v in (self.cluster["masterKubeVersion"], full))
         if wanted > current + 1:  # IKS: one minor version at a time
             raise Error(400, f"The master can be updated only one minor version at a time, not to {full}.", "E2a37")
+        behind = sorted({w["poolName"] for w in self.workers.values() if w["lifecycle"]["desiredState"] != "deleted"
+                         and wanted - version_key(w["kubeVersion"]["actual"] or w["kubeVersion"]["desired"])[1] > 2})
+        if behind and not body.get("force"):  # n-2 (update.md); --force-update overrides
+            raise Error(400, f"The master cannot be updated to {body['version']}: worker nodes of worker pool(s) "
+                             f"{', '.join(behind)} would be more than two minor versions behind. Update the worker "
+                             f"nodes first or force the update.", "E2a38")
         self.cluster["targetVersion"] = full
         life.update(masterState="updating", masterStatus="Version update in progress.", masterHealth="warning")
         fails, self.fail_master_update = self.fail_master_update, False
@@ -357,6 +407,7 @@ class IksEmulator:
 
     def _replace(self, body: dict) -> tuple[int, None]:
         self.replaced.append(body.get("workerID"))
+        self.replace_log.append((len(self.requests) - 1, body.get("workerID")))
         worker = self._worker(body.get("workerID"), live=True)
         if worker["id"] in self.refuse_replace:
             status, description = self.refuse_replace[worker["id"]]
@@ -369,8 +420,11 @@ class IksEmulator:
         def start() -> None:
             self._replacing.discard(worker["id"])
             self._delete_worker(worker, "worker_replace")
-            if self.rebalance:  # the pool's automatic rebalancing provisions the new worker (auto-rebalance-off)
-                self._new_worker(self._pool(worker["poolID"]), worker["location"], version, "provisioning", None)
+            pool = self._pool(worker["poolID"])
+            zone = next((z for z in pool["zones"] if z["id"] == worker["location"]), {})
+            # The pool's automatic rebalancing provisions the new worker (auto-rebalance-off); not in an autoscaled pool.
+            if self.rebalance and zone.get("autobalanceEnabled", True) and not pool.get("autoscaleEnabled"):
+                self._new_worker(pool, worker["location"], version, "provisioning", None)
         if self.replace_lag:
             self._replacing.add(worker["id"])
             self._after(self.replace_lag, start)

@@ -10,10 +10,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 @pytest.fixture(autouse=True)
 def fresh_worker_claims(monkeypatch):
-    """Claims on new workers last as long as the provider process (NewWorkerClaims); the emulators
-    reuse worker IDs from test to test, so each test starts with none."""
+    """Claims on new workers and canaries last as long as the provider process (NewWorkerClaims, Canaries); the
+    emulators reuse worker and pool IDs from test to test, so each test starts with none."""
     from iks_gpu_migration.iks import claims
     monkeypatch.setattr(claims, "CLAIMS", claims.NewWorkerClaims())
+    from iks_gpu_migration.iks import pool_rules  # canaries per pool and zone, kept per process the same way
+    monkeypatch.setattr(pool_rules, "CANARIES", pool_rules.Canaries())
 
 
 @pytest.fixture(scope="session")

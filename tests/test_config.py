@@ -323,3 +323,13 @@ def test_bad_drain_options_are_named(raw, drain, key, expected):
     raw["drain"] = drain
     message = error_for(raw)
     assert f"gpu-migration:{key}: " in message and expected in message, message
+
+
+def test_worker_pool_rules_opt_outs(raw):
+    assert parse(raw).worker_pool_rules.props() == {"allow_rebalancing_off": [], "allow_autoscaling": []}
+    raw["workerPoolRules"] = {"allowRebalancingOff": ["gpu-a"], "allowAutoscaling": ["gpu-b"]}
+    assert parse(raw).worker_pool_rules.props() == {"allow_rebalancing_off": ["gpu-a"], "allow_autoscaling": ["gpu-b"]}
+    raw["workerPoolRules"] = {"allowAutoscaling": [" "], "allowRebalance": ["gpu-a"]}
+    message = error_for(raw)
+    assert "gpu-migration:workerPoolRules.allowAutoscaling: entry 0 is empty" in message
+    assert "workerPoolRules.allowRebalance" in message

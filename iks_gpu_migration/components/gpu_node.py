@@ -103,6 +103,8 @@ class GpuNode(pulumi.ComponentResource):
             single_gpu_node=len(cfg.nodes) == 1 and not cfg.temp_gpu_pool.enabled,
             # Before each replaceWorker (also on a kubeVersion bump) the node is cordoned and its pods evicted.
             evict=evict,
+            # Pools that may be replaced although rebalancing is off or the autoscaler manages them (iks/pool_rules.py).
+            pool_rules=cfg.worker_pool_rules.props(),
             opts=pulumi.ResourceOptions(parent=self,
                                         depends_on=[*after, *filter(None, [self.fence, self.before_hook])]),
         )

@@ -3,8 +3,9 @@ models (model.py), the name grammars (grammar.py), rules across fields (cross_ch
 (loading.py)."""
 from .loading import load, parse, raw_from_pulumi
 from .model import (FIELDS, MIN_MINOR, NAMESPACE, OPERATOR_MIN_VERSION, STAGES, ConfigError, Drain, HelmChart, Hooks,
-                    IbmCloud, MigrationConfig, Node, SmokeTest, Stage, Taint, TempGpuPool, Timeouts)
+                    IbmCloud, MigrationConfig, Node, SmokeTest, Stage, Taint, TempGpuPool, Timeouts,
+                    WorkerPoolRules)
 
-__all__ = ["FIELDS", "MIN_MINOR", "NAMESPACE", "OPERATOR_MIN_VERSION", "STAGES", "ConfigError", "Drain", "HelmChart", "Hooks",
-           "IbmCloud", "MigrationConfig", "Node", "SmokeTest", "Stage", "Taint", "TempGpuPool", "Timeouts", "load",
-           "parse", "raw_from_pulumi"]
+__all__ = ["FIELDS", "MIN_MINOR", "NAMESPACE", "OPERATOR_MIN_VERSION", "STAGES", "ConfigError", "Drain", "HelmChart",
+           "Hooks", "IbmCloud", "MigrationConfig", "Node", "SmokeTest", "Stage", "Taint", "TempGpuPool", "Timeouts",
+           "WorkerPoolRules", "load", "parse", "raw_from_pulumi"]

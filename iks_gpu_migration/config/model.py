@@ -159,6 +159,28 @@ class TempGpuPool(Model):
     size_per_zone: int = Field(default=1, ge=1)
 
 
+class WorkerPoolRules(Model):
+    """IKS worker pools whose workers are replaced although the pool breaks a rule (plan/iks_rules.py): names or IDs
+    as `ibmcloud ks worker-pool ls` prints them."""
+    # Automatic rebalancing off: IKS creates no replacement worker (auto-rebalance-off.md); you add it yourself.
+    allow_rebalancing_off: list[str] = []
+    # Managed by the cluster autoscaler (autoscaleEnabled, or enabled in kube-system/iks-ca-configmap).
+    allow_autoscaling: list[str] = []
+
+    @field_validator("allow_rebalancing_off", "allow_autoscaling")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        blank = [i for i, name in enumerate(v) if not name.strip()]
+        if blank:
+            raise ValueError(f"entry {blank[0]} is empty: list worker pool names, e.g. [gpu-pool]")
+        return v
+
+    def props(self) -> dict[str, list[str]]:
+        """The WorkerReplacement input `pool_rules`."""
+        return {"allow_rebalancing_off": list(self.allow_rebalancing_off),
+                "allow_autoscaling": list(self.allow_autoscaling)}
+
+
 class Timeouts(Model):
     """Seconds; every long wait is bounded by one of these."""
     master_update: float = Field(default=3600, gt=0)
@@ -246,6 +268,7 @@ class MigrationConfig(Model):
     device_selectors: list[str] = []  # extra CEL expressions, e.g. on device memory
     ibm_cloud: IbmCloud = IbmCloud()
     temp_gpu_pool: TempGpuPool = TempGpuPool()
+    worker_pool_rules: WorkerPoolRules = WorkerPoolRules()
     timeouts: Timeouts = Timeouts()
     kubeconfig: Optional[str] = None  # path; default is KUBECONFIG / ~/.kube/config
     hooks: Hooks = Hooks()

@@ -7,8 +7,10 @@ import pulumi.dynamic as dyn
 
 from ..common.versions import minor_steps, version_at_least
 from ..common.waiting import wait_for
+from ..plan import iks_rules
 from .api import MASTER_BUSY, IksApiError, IksClient
 from .provider import ReplacementError, Streak, _IksProvider, _log, _public, major_minor
+from .workers import is_deleting, worker_version
 
 
 MAX_MASTER_REQUESTS = 3  # an update that keeps falling back to the old version needs a human
@@ -43,10 +45,16 @@ class MasterVersionProvider(_IksProvider):
         _log(f"master of cluster {props.get('cluster')}: nothing to delete (a master is never downgraded)")
 
     def _ensure(self, props: dict[str, Any]) -> dict[str, Any]:
-        """Step the master up one minor version at a time to `version`, waiting for it to rest after each."""
-        cluster, target = props["cluster"], props["version"]
+        """Step the master up one minor version at a time to `version`'s major.minor (the master takes no fix pack),
+        waiting for it to rest after each. Refused before the first step, with nothing updated: a master above the
+        target (this runs before any worker is drained or replaced: components/migration.py orders every replacement
+        after it), a version IKS does not offer, a step that would leave a worker pool more than two minors behind."""
+        cluster, target = props["cluster"], iks_rules.master_version(props["version"])
         client = self.client(props)
         info = client.get_cluster(cluster)
+        above = iks_rules.master_above_target(cluster, info.get("masterKubeVersion"), props["version"])
+        if above:
+            raise IksApiError(above)
         steps = minor_steps(info.get("masterKubeVersion"), target)
         offered = client.kube_versions() if steps else set()
         missing = [s for s in steps if ".".join(s.split(".")[:2]) not in offered]
@@ -56,6 +64,10 @@ class MasterVersionProvider(_IksProvider):
                 f"offers no Kubernetes {', '.join(missing)} (offered: {', '.join(sorted(offered)) or 'none'}); "
                 f"nothing was updated"
             )
+        skew = iks_rules.skew_refusal(cluster, info.get("masterKubeVersion"), steps, pool_versions(client, cluster)) \
+            if steps else None
+        if skew:
+            raise IksApiError(skew)
         for step in steps or [target]:
             info = self._update_to(client, cluster, step, props)
         return {**_public(props), "actual_version": info.get("masterKubeVersion")}
@@ -98,13 +110,24 @@ class MasterVersionProvider(_IksProvider):
         return wait_for(f"master of cluster {cluster} at {target} (deployed, normal, Ready)", poll, timeout, interval)
 
 
+def pool_versions(client: IksClient, cluster: str) -> dict[str, str]:
+    """Every worker pool's lowest worker version (live workers; a new one's `actual` is empty until deployed)."""
+    return iks_rules.lowest_by_pool(
+        (str(w.get("poolName") or w.get("poolID")), worker_version(w) or (w.get("kubeVersion") or {}).get("desired"))
+        for w in client.list_workers(cluster) if not is_deleting(w)
+    )
+
+
 def wait_master_at(client: IksClient, cluster: str, target: str, props: dict[str, Any]) -> None:
-    """Gate before a worker is replaced: the master rests at the target's major.minor (or newer)."""
+    """Gate before a worker is replaced (and drained): the master rests at the target's major.minor, not above it."""
     timeout, interval = _IksProvider.timing(props, 5400)
     streak = Streak(_IksProvider.readings(props))
 
     def poll() -> tuple[bool, None, str]:
         info = client.get_cluster(cluster)
+        above = iks_rules.master_above_target(cluster, info.get("masterKubeVersion"), target)
+        if above and master_rests(info):
+            raise ReplacementError(above)
         if master_rests(info) and not version_at_least(info.get("masterKubeVersion"), major_minor(target)):
             raise ReplacementError(
                 f"the master of cluster {cluster} is at {info.get('masterKubeVersion')}, below kubeVersion {target}: "

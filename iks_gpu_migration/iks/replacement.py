@@ -8,7 +8,7 @@ import pulumi.dynamic as dyn
 from ..common.versions import version_at_least
 from ..common.waiting import WaitTimeout, optional_float, wait_for
 from .api import IksApiError, IksClient
-from . import claims
+from . import claims, pool_rules
 from .claims import failed_worker_error, find_replacement, recorded_by_other_entries
 from .master import wait_master_at
 from .provider import ReplacementError, Streak, _IksProvider, _log, _public, same_minor
@@ -61,6 +61,17 @@ class WorkerReplacementProvider(_IksProvider):
              f"nothing to delete (a replaced worker cannot be un-replaced)")
 
     def _replace(self, props: dict[str, Any], start: str) -> dict[str, Any]:
+        """_replace_worker, ending this replacement's canary turn (pool_rules.py) however it ends."""
+        error: Optional[BaseException] = None
+        try:
+            return self._replace_worker(props, start)
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            pool_rules.CANARIES.end(props["cluster"], f"{props['cluster']}/{start}", error)
+
+    def _replace_worker(self, props: dict[str, Any], start: str) -> dict[str, Any]:
         """Resumable: each poll reads the real worker state and takes the next step from there (_Run.poll).
         A worker this resource followed to is never replaced again, whatever fix pack IKS gave it."""
         cluster, target = props["cluster"], props["kube_version"]
@@ -133,6 +144,7 @@ class WorkerReplacementProvider(_IksProvider):
                 f"Nothing was replaced."
             )
         wait_master_at(client, cluster, props["kube_version"], props)
+        pool_rules.before_replace(client, props, worker)  # rebalancing on, no autoscaler, the pool/zone's canary first
         evict = props.get("evict")
         if evict and primary_ip(worker):
             from ..kube import eviction  # kubernetes is only needed when a node is drained
@@ -209,6 +221,8 @@ class _Run:
     def _follow(self, cur: dict, workers: list[dict]) -> Optional[dict]:
         """The new worker that takes `cur`'s place, claimed for this replacement; None while none is visible."""
         resumed = self.known is None  # not requested by this process: its batch-mates' claims are unknown
+        if resumed:
+            pool_rules.CANARIES.adopt(self.cluster, self.claimant, cur)
         pool = self.client.get_worker_pool(self.cluster, cur.get("poolID")) if resumed else None
         recorded = recorded_by_other_entries(self.props) if resumed else frozenset()
         candidates = find_replacement(cur, workers, pool, self.target, self.known,
@@ -219,6 +233,7 @@ class _Run:
         if is_failed(new):  # never followed: IKS does not retry a failed worker by itself
             raise failed_worker_error(new, self.cluster, cur["id"])
         _log(f"worker {cur['id']} of cluster {self.cluster} is replaced by {new['id']}")
+        pool_rules.CANARIES.shown(self.cluster, self.claimant)
         self.followed.append(cur["id"])
         self.created.add(new["id"])
         self.current, self.known, self.orphaned_at = new["id"], None, None
@@ -273,14 +288,18 @@ class WorkerReplacement(dyn.Resource, module="gpu-migration", name="WorkerReplac
         other_worker_ids: Optional[pulumi.Input[list]] = None,
         single_gpu_node: pulumi.Input[bool] = False,
         evict: Optional[pulumi.Input[dict]] = None,
+        pool_rules: Optional[pulumi.Input[dict]] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
         """`other_worker_ids`: workers of the other GPU nodes (configured and replaced IDs); optional, it only helps
         tell this node's replacement apart from an already-migrated sibling when resuming.
         `evict`: kube/eviction.py settings (kubeconfig, timeout, poll_interval, gpu_nodes, gpu_resources); when set,
-        the node is cordoned and its pods evicted before each replaceWorker."""
+        the node is cordoned and its pods evicted before each replaceWorker.
+        `pool_rules`: {"allow_rebalancing_off": [pool names], "allow_autoscaling": [pool names]}, the stack config's
+        workerPoolRules (pool_rules.py refuses those pools otherwise)."""
         props = {"cluster": cluster, "worker_id": worker_id, "node_name": node_name, "kube_version": kube_version,
                  "api": api, "timeout": timeout, "poll_interval": poll_interval,
                  "other_worker_ids": other_worker_ids or [], "single_gpu_node": single_gpu_node, "evict": evict,
+                 "pool_rules": pool_rules or {},
                  "old_worker_id": None, "new_worker_id": None, "actual_version": None, "drained": None}
         super().__init__(WorkerReplacementProvider(), name, props, opts)
