@@ -6,8 +6,8 @@ import pytest
 from harness import stack_config
 from iks_gpu_migration import config
 from iks_gpu_migration.config import ConfigError, Node
-from iks_gpu_migration.plan import DEFAULT_GPU_NODE_SELECTOR, NodeView, PlanError, gate_decision, \
-    make_plan, resolve_max_unavailable
+from iks_gpu_migration.plan import DEFAULT_GPU_NODE_SELECTOR, NodeView, PlanError, drain_decision, gate_decision, \
+    make_plan, plan_for, resolve_max_unavailable
 
 GPU = {"nvidia.com/gpu.present": "true"}
 SELECTOR = "nvidia.com/gpu.present=true"
@@ -197,3 +197,42 @@ def test_an_explicit_selector_stays_as_configured():
     with pytest.raises(ConfigError, match=r"gpuNodeSelector 'pool=gpu\|' has an empty alternative"):
         config.parse(pilot(gpuNodeSelector="pool=gpu|"))
 
+
+# The budget again before each drain (issue 17, 4.) ------------------------------------------------------------------
+
+def test_drain_counts_only_what_is_unavailable_beyond_the_admitted_batch():
+    # Batch n1..n3 admitted with n4..n6 available. At n3's drain its mates are out in every way they can be: n1
+    # replaced by r1 (annotated, still NotReady), n2 cordoned by its drain; r1's old node is gone.
+    views = [NodeView("r1", GPU, ready=False, config_name="n1"), NodeView("n2", GPU, unschedulable=True),
+             NodeView("n3", GPU), *fleet(6)[3:]]
+    decision = drain_decision(views, "n3", ["n1", "n2", "n3"], SELECTOR, min_available=3)
+    assert decision.open and decision.available == ("n4", "n5", "n6") and decision.unavailable == ()
+
+
+def test_drain_waits_for_a_node_that_went_away_since_the_gate_naming_it():
+    views = fleet(6, n5={"ready": False})
+    decision = drain_decision(views, "n3", ["n1", "n2", "n3"], SELECTOR, min_available=3)
+    assert not decision.open and decision.unavailable == ("n5 (NotReady)",)
+    assert "2 GPU nodes available outside the batch, 3 needed; unavailable: n5 (NotReady)" in decision.state
+
+
+def test_drain_of_a_renamed_node_not_yet_tied_to_its_entry_does_not_count_it():
+    # kubeVersion round: n1's node is r1 now and its config annotation is not written yet; it is the one drained
+    # (Ready and schedulable until its drain cordons it).
+    views = [NodeView("r1", GPU), *fleet(4)[1:]]
+    decision = drain_decision(views, "r1", ["n1"], SELECTOR, min_available=3)
+    assert decision.open and decision.available == ("n2", "n3", "n4")
+    assert not drain_decision(views, "r1", ["n1"], SELECTOR, min_available=4).open  # r1 is never spare capacity
+
+
+def test_every_migrated_node_rechecks_its_own_batch():
+    from iks_gpu_migration.components.migration import drain_budgets
+    cfg = config.parse(pilot(maxUnavailable="2", timeouts={"capacityGate": 600, "pollInterval": 5}))
+    plan = plan_for(cfg)
+    budgets = drain_budgets(cfg, plan)
+    assert set(budgets) == {n for b in plan.batches for n in b.nodes}
+    for batch in plan.batches:
+        for name in batch.nodes:
+            assert budgets[name] == {"index": batch.index, "batch": list(batch.nodes),
+                                     "selector": DEFAULT_GPU_NODE_SELECTOR, "min_available": plan.budget.min_available,
+                                     "timeout": 600, "poll_interval": 5}

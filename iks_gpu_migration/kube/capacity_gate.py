@@ -9,7 +9,8 @@ unavailable nodes and leaves the batch untouched.
 
 Re-runs (replace) when its batch, the batch's stages, the budget or kubeVersion change, so dra switches and the
 replacements of a kubeVersion bump are gated like first replacements; an unchanged batch keeps its recorded gate,
-so a resumed `up` does not wait or soak again.
+so a resumed `up` does not wait or soak again; each node of the batch checks the budget again right before its drain
+(kube/drain_budget.py), on every run.
 """
 import time
 from typing import Any, Optional, Sequence

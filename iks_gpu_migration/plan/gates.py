@@ -1,4 +1,5 @@
-"""Gate decisions: may a batch start now? Pure: a list of node views in, a decision naming what it counted out."""
+"""Gate decisions: may a batch start now, may a node of an admitted batch be drained now? Pure: a list of node
+views in, a decision naming what it counted out."""
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -123,3 +124,12 @@ def gate_decision(observed: Iterable[NodeView], batch: Sequence[str], selector: 
     return GateDecision(len(available) >= min_available, available, unavailable, min_available, selector,
                         tuple(missed[:MISSED_SHOWN]), len(missed))
 
+
+def drain_decision(observed: Iterable[NodeView], node: str, batch: Sequence[str], selector: str,
+                   min_available: int) -> GateDecision:
+    """May `node` (a member of the admitted `batch`, by its configured or current name) be drained now? The gate's
+    decision again, at this moment: its batch-mates are out by admission (cordoned, draining, being replaced or
+    replaced, whatever state each is in), so only GPU nodes outside the batch count, and `node` is out whatever its
+    name (a node renamed by an earlier replacement whose config annotation is not written yet). It closes only when
+    something beyond the admitted batch became unavailable since the gate, leaving fewer than `min_available`."""
+    return gate_decision(observed, [*batch, *([node] if node not in batch else [])], selector, min_available)
