@@ -2,7 +2,8 @@
 
 On IKS (VPC) a worker that reaches `deployed` registers a Node named after its primary private IP, carrying the
 IBM labels `ibm-cloud.kubernetes.io/worker-id`, `worker-pool-name`, `worker-pool-id`, `machine-type` and `zone`
-(IBM docs "Worker node labels", ibm-cloud-docs/containers `cs_nodes.md`); its kubelet reports the worker's version.
+(IBM docs "Worker node labels", ibm-cloud-docs/containers `cs_nodes.md`), and on GPU flavors `gpu-enabled=true`;
+its kubelet reports the worker's version.
 A deleted worker's Node goes away. GPU flavors (gx*) carry GPUs; below 1.36 IBM also installs the NVIDIA driver and
 device plugin on them (the reason for this migration), so those nodes advertise nvidia.com/gpu on their own.
 """
@@ -14,6 +15,7 @@ from typing import Any
 from kubernetes import client
 
 from iks_gpu_migration.common.versions import version_at_least
+from iks_gpu_migration.plan.gates import IKS_GPU_LABEL
 
 from .polling import Polled
 from .gpu_doubles import GPU_PRESENT, GPUS_ANNOTATION, IBM_DRIVER_ANNOTATION
@@ -39,6 +41,8 @@ def node_for(worker: dict, gpus: int = 1) -> dict:
     }
     annotations = {"kwok.x-k8s.io/node": "fake"}
     if gpu:
+        # IKS's own GPU label, there before the GPU Operator (iks_gpu_migration/plan/gates.py cites the IBM docs).
+        labels[IKS_GPU_LABEL] = "true"
         labels[GPU_PRESENT] = "true"
         annotations[GPUS_ANNOTATION] = str(gpus)
         if not version_at_least(plain, "1.36"):

@@ -97,3 +97,41 @@ def test_reruns_when_the_kube_version_changes():
     # Every node of the batch is replaced again at the new version: its capacity is counted again.
     provider, olds = _CapacityGateProvider(), {"batch": ["n1"], "kube_version": "1.36"}
     assert provider.diff("id", olds, {**olds, "kube_version": "1.37"}).replaces == ["kube_version"]
+
+
+def test_the_default_selector_counts_nodes_still_on_ibms_drivers(kube, tmp_path):
+    # Before the GPU Operator only IKS labels a GPU worker: n3 and n4 carry IKS's label instead of the operator's.
+    from iks_gpu_migration.plan import DEFAULT_GPU_NODE_SELECTOR
+    for n in ("n3", "n4"):
+        kube.delete_node(kube.name(n))
+        kube.add_node(kube.name(n), labels={"ibm-cloud.kubernetes.io/gpu-enabled": "true",
+                                            "ibm-cloud.kubernetes.io/machine-type": "gx3.16x80.l4"})
+    assert gate(kube, tmp_path, selector=DEFAULT_GPU_NODE_SELECTOR)["opened"].startswith("3 GPU nodes available")
+    with pytest.raises(CheckFailed) as e:  # the operator's label alone misses them, and the gate says so
+        gate(kube, tmp_path, timeout=0.3)
+    assert (f"2 GPU node(s) not matched by gpuNodeSelector 'nvidia.com/gpu.present=true', so not counted: "
+            f"{kube.name('n3')} (ibm-cloud.kubernetes.io/gpu-enabled=true, ibm-cloud.kubernetes.io/machine-type="
+            f"gx3.16x80.l4), {kube.name('n4')} (") in str(e.value)
+
+
+def test_a_gate_that_opens_short_of_gpu_nodes_warns_naming_them(kube, tmp_path, monkeypatch):
+    import pulumi
+    kube.add_node(kube.name("ibm-1"), allocatable={"nvidia.com/gpu": "1"})  # IBM's device plugin, no GPU label
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(message))
+    assert gate(kube, tmp_path)["opened"].startswith("3 GPU nodes available")
+    assert warnings == [f"batch 2: the capacity budget does not count every GPU node; 1 GPU node(s) not matched by "
+                        f"gpuNodeSelector 'nvidia.com/gpu.present=true', so not counted: {kube.name('ibm-1')} "
+                        f"(nvidia.com/gpu capacity); set gpu-migration:gpuNodeSelector to labels every GPU node "
+                        f"carries (alternatives separated by |, e.g. ibm-cloud.kubernetes.io/gpu-enabled=true|"
+                        f"nvidia.com/gpu.present=true)"]
+
+
+def test_a_gate_recorded_with_the_old_default_does_not_run_again_for_the_new_one():
+    from iks_gpu_migration.plan import DEFAULT_GPU_NODE_SELECTOR
+    provider = _CapacityGateProvider()
+    olds = {"batch": ["n1"], "min_available": 3, "selector": "nvidia.com/gpu.present=true", "after": ["n0"]}
+    assert not provider.diff("id", olds, {**olds, "selector": DEFAULT_GPU_NODE_SELECTOR}).changes
+    assert provider.diff("id", olds, {**olds, "selector": "pool=gpu"}).replaces == ["selector"]  # a user's change
+    assert provider.diff("id", {**olds, "selector": DEFAULT_GPU_NODE_SELECTOR},
+                         {**olds, "selector": "nvidia.com/gpu.present=true"}).replaces == ["selector"]

@@ -6,7 +6,8 @@ import pytest
 from harness import stack_config
 from iks_gpu_migration import config
 from iks_gpu_migration.config import ConfigError, Node
-from iks_gpu_migration.plan import NodeView, PlanError, gate_decision, make_plan, resolve_max_unavailable
+from iks_gpu_migration.plan import DEFAULT_GPU_NODE_SELECTOR, NodeView, PlanError, drain_decision, gate_decision, \
+    make_plan, plan_for, resolve_max_unavailable
 
 GPU = {"nvidia.com/gpu.present": "true"}
 SELECTOR = "nvidia.com/gpu.present=true"
@@ -106,7 +107,7 @@ def pilot(**overrides):
 def test_budget_keys_default_to_todays_behaviour():
     cfg = config.parse(pilot())
     assert (cfg.max_unavailable, cfg.batch_soak_seconds, cfg.surge) == (1, 0, 0)
-    assert cfg.gpu_node_selector == SELECTOR and cfg.timeouts.capacity_gate == 3600
+    assert cfg.gpu_node_selector == DEFAULT_GPU_NODE_SELECTOR and cfg.timeouts.capacity_gate == 3600
 
 
 def test_budget_keys_parse_as_pulumi_passes_them():
@@ -146,3 +147,92 @@ def test_a_selector_matching_too_few_nodes_is_named():
     assert not decision.open
     assert "only 0 nodes outside the batch match gpuNodeSelector 'nvidia.com/gpu.present=true'" in decision.state
     assert "only" not in gate_decision(fleet(5, n4={"ready": False}), ["n1"], SELECTOR, min_available=4).state
+
+
+# GPU nodes before the GPU Operator (issue 17, 5.) -------------------------------------------------------------------
+
+IKS_GPU = {"ibm-cloud.kubernetes.io/gpu-enabled": "true", "ibm-cloud.kubernetes.io/machine-type": "gx3.16x80.l4"}
+
+
+def test_the_default_selector_counts_gpu_nodes_on_ibms_drivers_and_on_the_operators():
+    # IBM's drivers: only IKS's labels; migrated: the operator's label too; the temporary pool before the operator.
+    views = [NodeView("ibm-1", IKS_GPU), NodeView("migrated-1", {**IKS_GPU, **GPU}), NodeView("operator-only", GPU),
+             NodeView("cpu-1", {"ibm-cloud.kubernetes.io/machine-type": "bx2.4x16"}), NodeView("n1", IKS_GPU)]
+    decision = gate_decision(views, ["n1"], DEFAULT_GPU_NODE_SELECTOR, min_available=3)
+    assert decision.open and decision.available == ("ibm-1", "migrated-1", "operator-only")
+    assert decision.missed_count == 0 and "not matched" not in decision.state
+    # Today's default is yesterday's (the operator's label) plus IKS's: it never counts fewer nodes.
+    assert not gate_decision(views, ["n1"], SELECTOR, min_available=3).open
+
+
+def test_selector_alternatives_match_any_and_terms_all():
+    both = "a=1,b=2|c=3"
+    assert gate_decision([NodeView("x", {"a": "1", "b": "2"}), NodeView("y", {"a": "1"}), NodeView("z", {"c": "3"})],
+                         [], both, 0).available == ("x", "z")
+
+
+def test_gpu_nodes_the_selector_misses_are_named_with_their_labels():
+    views = [NodeView("ibm-1", {"ibm-cloud.kubernetes.io/machine-type": "gx3.16x80.l4"}),
+             NodeView("ibm-2", {"ibm-cloud.kubernetes.io/gpu-enabled": "true"}),
+             NodeView("plugin-1", {}, gpu_resource=True), NodeView("n1", {}, gpu_resource=True),
+             NodeView("op-1", GPU), NodeView("cpu-1", {"ibm-cloud.kubernetes.io/machine-type": "bx2.4x16"})]
+    decision = gate_decision(views, ["n1"], SELECTOR, min_available=2)
+    assert not decision.open and decision.missed_count == 4  # the batch's own n1 too: the selector misses it
+    assert ("4 GPU node(s) not matched by gpuNodeSelector 'nvidia.com/gpu.present=true', so not counted: "
+            "ibm-1 (ibm-cloud.kubernetes.io/machine-type=gx3.16x80.l4), ibm-2 (ibm-cloud.kubernetes.io/gpu-enabled="
+            "true), n1 (nvidia.com/gpu capacity), plugin-1 (nvidia.com/gpu capacity); set gpu-migration:"
+            "gpuNodeSelector to labels every GPU node carries") in decision.state
+    assert "cpu-1" not in decision.state and "op-1 (" not in decision.state
+
+
+def test_many_missed_gpu_nodes_are_counted_not_all_listed():
+    decision = gate_decision([NodeView(f"n{i:02}", {}, gpu_resource=True) for i in range(25)], [], SELECTOR, 1)
+    assert decision.missed_count == 25 and len(decision.missed) == 10
+    assert "n09 (nvidia.com/gpu capacity) and 15 more;" in decision.state and "n10" not in decision.state
+
+
+def test_an_explicit_selector_stays_as_configured():
+    assert config.parse(pilot(gpuNodeSelector=SELECTOR)).gpu_node_selector == SELECTOR
+    assert config.parse(pilot(gpuNodeSelector="pool=gpu|x=y,z=w")).gpu_node_selector == "pool=gpu|x=y,z=w"
+    with pytest.raises(ConfigError, match=r"gpuNodeSelector 'pool=gpu\|' has an empty alternative"):
+        config.parse(pilot(gpuNodeSelector="pool=gpu|"))
+
+
+# The budget again before each drain (issue 17, 4.) ------------------------------------------------------------------
+
+def test_drain_counts_only_what_is_unavailable_beyond_the_admitted_batch():
+    # Batch n1..n3 admitted with n4..n6 available. At n3's drain its mates are out in every way they can be: n1
+    # replaced by r1 (annotated, still NotReady), n2 cordoned by its drain; r1's old node is gone.
+    views = [NodeView("r1", GPU, ready=False, config_name="n1"), NodeView("n2", GPU, unschedulable=True),
+             NodeView("n3", GPU), *fleet(6)[3:]]
+    decision = drain_decision(views, "n3", ["n1", "n2", "n3"], SELECTOR, min_available=3)
+    assert decision.open and decision.available == ("n4", "n5", "n6") and decision.unavailable == ()
+
+
+def test_drain_waits_for_a_node_that_went_away_since_the_gate_naming_it():
+    views = fleet(6, n5={"ready": False})
+    decision = drain_decision(views, "n3", ["n1", "n2", "n3"], SELECTOR, min_available=3)
+    assert not decision.open and decision.unavailable == ("n5 (NotReady)",)
+    assert "2 GPU nodes available outside the batch, 3 needed; unavailable: n5 (NotReady)" in decision.state
+
+
+def test_drain_of_a_renamed_node_not_yet_tied_to_its_entry_does_not_count_it():
+    # kubeVersion round: n1's node is r1 now and its config annotation is not written yet; it is the one drained
+    # (Ready and schedulable until its drain cordons it).
+    views = [NodeView("r1", GPU), *fleet(4)[1:]]
+    decision = drain_decision(views, "r1", ["n1"], SELECTOR, min_available=3)
+    assert decision.open and decision.available == ("n2", "n3", "n4")
+    assert not drain_decision(views, "r1", ["n1"], SELECTOR, min_available=4).open  # r1 is never spare capacity
+
+
+def test_every_migrated_node_rechecks_its_own_batch():
+    from iks_gpu_migration.components.migration import drain_budgets
+    cfg = config.parse(pilot(maxUnavailable="2", timeouts={"capacityGate": 600, "pollInterval": 5}))
+    plan = plan_for(cfg)
+    budgets = drain_budgets(cfg, plan)
+    assert set(budgets) == {n for b in plan.batches for n in b.nodes}
+    for batch in plan.batches:
+        for name in batch.nodes:
+            assert budgets[name] == {"index": batch.index, "batch": list(batch.nodes),
+                                     "selector": DEFAULT_GPU_NODE_SELECTOR, "min_available": plan.budget.min_available,
+                                     "timeout": 600, "poll_interval": 5}

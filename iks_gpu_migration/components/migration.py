@@ -4,9 +4,9 @@
   [temporary GPU pool] -> every node's fence (GpuNode) -> the GPU Operator, only once every node that keeps IBM's
   drivers is fenced, and its operand-placement check (GpuOperator) -> [DRA driver + DeviceClass after the master
   (DraPath)] -> the plan's batches (Rollout: a CapacityGate per batch, registered only once the previous batch is
-  done), each node of a batch: [beforeReplace hook] -> worker replacement (drain, replaceWorker) -> path switch ->
-  [rollback check] -> operator readiness -> operand placement -> pending GPU pods; per batch with dra nodes: DRA
-  preflight -> smoke pods -> smoke verification (which uncordons) -> [afterVerification hook].
+  done), each node of a batch: [beforeReplace hook] -> worker replacement (budget re-check, drain, replaceWorker) ->
+  path switch -> [rollback check] -> operator readiness -> operand placement -> pending GPU pods; per batch with dra
+  nodes: DRA preflight -> smoke pods -> smoke verification (which uncordons) -> [afterVerification hook].
 """
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -63,6 +63,18 @@ def eviction_settings(cfg: MigrationConfig, temp_pool: Any) -> dict[str, Any]:
     }
 
 
+def drain_budgets(cfg: MigrationConfig, plan: Plan) -> dict[str, dict[str, Any]]:
+    """Per migrated node (configured name): what its replacement checks again right before each drain
+    (kube/drain_budget.py): its batch as the gate admitted it, the gate's selector and budget, bounded like the gate."""
+    budgets: dict[str, dict[str, Any]] = {}
+    for batch in plan.batches:
+        budget = {"index": batch.index, "batch": list(batch.nodes), "selector": cfg.gpu_node_selector,
+                  "min_available": plan.budget.min_available, "timeout": cfg.timeouts.capacity_gate,
+                  "poll_interval": cfg.timeouts.poll_interval}
+        budgets.update(dict.fromkeys(batch.nodes, budget))
+    return budgets
+
+
 def declare(cfg: MigrationConfig) -> Declared:
     out = Declared()
     own_class = dra_path.own_class_for(cfg) if cfg.nodes_in("dra") else None  # bad DRA values fail here, at preview
@@ -85,13 +97,14 @@ def declare(cfg: MigrationConfig) -> Declared:
     rollout.show(out.plan)
     # What every node waits for goes without dependency edges (sdk_workarounds.py, 2.): the operator depends on every
     # fence, and the fenced names carry every fence, which each node's placement check already follows.
-    evict = eviction_settings(cfg, out.temp_pool)
+    evict, budgets = eviction_settings(cfg, out.temp_pool), drain_budgets(cfg, out.plan)
     operator_namespace, fenced = once_done(cfg.gpu_operator.namespace, ready_after), detached(operator.fenced_names)
     first_after = once_done([], [operator.release]) if out.temp_pool is not None else None  # the pool's GPUs first
     out.nodes = {n.node.ident: n for n in gpu_nodes}
     out.gates = rollout.Rollout(
         out.plan, {n.node.name: n for n in gpu_nodes}, cfg, after,
-        lambda gpu_node, deps: gpu_node.migrate(deps, operator_namespace, fenced, evict), first_after,
+        lambda gpu_node, deps: gpu_node.migrate(deps, operator_namespace, fenced,
+                                                {**evict, "budget": budgets[gpu_node.node.name]}), first_after,
         dra.verify_batch if dra is not None else None).gates
     for gpu_node in gpu_nodes:
         gpu_node.register_outputs({"stage": gpu_node.node.stage})

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic.alias_generators import to_camel
 
 from ..common import names
-from ..plan import parse_max_unavailable
+from ..plan import DEFAULT_GPU_NODE_SELECTOR, parse_max_unavailable
 from .grammar import (DNS_SUBDOMAIN, MAX_TIMEOUT, MIN_POLL_INTERVAL, _EXACT_SEMVER, _KUBE_VERSION, _LABEL_VALUE,
                       _OPERATOR_SWITCH_PREFIX, _RESERVED_LABEL_DOMAINS, _WORKER_ID, _is_number_type, check_namespace,
                       check_qualified_name, is_dns_subdomain)
@@ -276,8 +276,9 @@ class MigrationConfig(Model):
     # Capacity budget (iks_gpu_migration.plan): GPU nodes unavailable at once, a count or "NN%" of `nodes`.
     max_unavailable: Union[int, str] = 1
     batch_soak_seconds: float = Field(default=0, ge=0)  # wait between batches
-    # Counts GPU nodes the config does not name (replaced nodes, temporary pool workers) towards capacity.
-    gpu_node_selector: str = "nvidia.com/gpu.present=true"
+    # Counts GPU nodes the config does not name (replaced nodes, temporary pool workers) towards capacity. The default
+    # holds before the GPU Operator (IKS's label) and after it (the operator's): plan/gates.py.
+    gpu_node_selector: str = DEFAULT_GPU_NODE_SELECTOR
 
     @field_validator("max_unavailable", mode="before")
     @classmethod
@@ -288,13 +289,17 @@ class MigrationConfig(Model):
     @classmethod
     def _selector(cls, v: str) -> str:
         if not v.strip():
-            raise ValueError("is empty: the capacity gates count the GPU nodes it matches (e.g. "
-                             "nvidia.com/gpu.present=true)")
-        for term in filter(str.strip, v.split(",")):
-            key, sep, value = term.strip().partition("=")
-            if not sep or not _LABEL_VALUE.match(value):
-                raise ValueError(f"gpuNodeSelector term {term!r} must be key=value")
-            check_qualified_name(key)
+            raise ValueError(f"is empty: the capacity gates count the GPU nodes it matches (e.g. "
+                             f"{DEFAULT_GPU_NODE_SELECTOR})")
+        for alternative in v.split("|"):  # key=value[,key=value], alternatives separated by |
+            if not alternative.strip():
+                raise ValueError(f"gpuNodeSelector {v!r} has an empty alternative: write key=value[,key=value] "
+                                 f"between the | separators")
+            for term in filter(str.strip, alternative.split(",")):
+                key, sep, value = term.strip().partition("=")
+                if not sep or not _LABEL_VALUE.match(value):
+                    raise ValueError(f"gpuNodeSelector term {term!r} must be key=value")
+                check_qualified_name(key)
         return v
 
     @field_validator("kube_version")

@@ -7,6 +7,7 @@ import pulumi.dynamic as dyn
 
 from ..common.versions import version_at_least
 from ..common.waiting import WaitTimeout, optional_float, wait_for
+from ..kube.drain_budget import hold_for_budget
 from .api import IksApiError, IksClient
 from . import claims, pool_rules
 from .claims import failed_worker_error, find_replacement, recorded_by_other_entries
@@ -148,6 +149,7 @@ class WorkerReplacementProvider(_IksProvider):
         evict = props.get("evict")
         if evict and primary_ip(worker):
             from ..kube import eviction  # kubernetes is only needed when a node is drained
+            hold_for_budget(primary_ip(worker), evict)  # the capacity budget as it is now (kube/drain_budget.py)
             return eviction.drain(primary_ip(worker), evict)
         return None
 
@@ -294,7 +296,9 @@ class WorkerReplacement(dyn.Resource, module="gpu-migration", name="WorkerReplac
         """`other_worker_ids`: workers of the other GPU nodes (configured and replaced IDs); optional, it only helps
         tell this node's replacement apart from an already-migrated sibling when resuming.
         `evict`: kube/eviction.py settings (kubeconfig, timeout, poll_interval, gpu_nodes, gpu_resources); when set,
-        the node is cordoned and its pods evicted before each replaceWorker.
+        the node is drained before each replaceWorker (with `drain`: kubectl drain's options); with `budget`
+        (kube/drain_budget.py: index, batch, selector, min_available, timeout, poll_interval) the capacity budget is
+        checked again first.
         `pool_rules`: {"allow_rebalancing_off": [pool names], "allow_autoscaling": [pool names]}, the stack config's
         workerPoolRules (pool_rules.py refuses those pools otherwise)."""
         props = {"cluster": cluster, "worker_id": worker_id, "node_name": node_name, "kube_version": kube_version,

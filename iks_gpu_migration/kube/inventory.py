@@ -9,16 +9,15 @@ from kubernetes.client import ApiClient
 from pulumi.dynamic import Resource
 
 from ..common.versions import version_at_least
+from ..plan.gates import IKS_FLAVOR_LABEL, gpu_hints
 from .cluster import GPU_RESOURCE
 from .provider import CheckFailed, _bullets, _EveryUp
 from .records import CONFIG_NAME_ANNOTATION
 
 
-# IKS labels every worker node with its flavor and worker ID (read back by IBM's cloud provider:
-# IBM-Cloud/cloud-provider-ibm ibm/ibm_metadata_service.go, machineTypeLabel / workerIDLabel) and its worker pool
-# (ibm-cloud.kubernetes.io/worker-pool-name, IBM Cloud docs "Adding labels and taints to worker nodes"). IKS GPU
-# flavors are the gx families (e.g. gx3.16x80.l4, gx2.16x128.2v100).
-IKS_FLAVOR_LABEL = "ibm-cloud.kubernetes.io/machine-type"
+# IKS labels every worker node with its worker ID (read back by IBM's cloud provider: IBM-Cloud/cloud-provider-ibm
+# ibm/ibm_metadata_service.go, workerIDLabel) and its worker pool (ibm-cloud.kubernetes.io/worker-pool-name, IBM
+# Cloud docs "Adding labels and taints to worker nodes"); its flavor and GPU labels: plan/gates.py.
 
 
 IKS_WORKER_ID_LABEL = "ibm-cloud.kubernetes.io/worker-id"
@@ -33,18 +32,11 @@ IKS_ZONE_LABEL = "ibm-cloud.kubernetes.io/zone"
 ZONE_LABEL = "topology.kubernetes.io/zone"  # well-known label (kubernetes.io/docs/reference/labels-annotations-taints)
 
 
-GPU_FLAVOR_PREFIXES = ("gx",)
-
-
 def is_gpu_node(node: client.V1Node) -> bool:
-    """nvidia.com/gpu capacity (IBM's or the operator's device plugin), GFD's gpu.present label, or a GPU flavor."""
-    labels = node.metadata.labels or {}
+    """nvidia.com/gpu capacity (IBM's or the operator's device plugin), IKS's or the operator's GPU label, or a GPU
+    flavor (plan.gpu_hints)."""
     capacity = {**((node.status and node.status.capacity) or {}), **((node.status and node.status.allocatable) or {})}
-    return (
-        GPU_RESOURCE in capacity
-        or labels.get("nvidia.com/gpu.present") == "true"
-        or labels.get(IKS_FLAVOR_LABEL, "").startswith(GPU_FLAVOR_PREFIXES)
-    )
+    return bool(gpu_hints(node.metadata.labels or {}, GPU_RESOURCE in capacity))
 
 
 @dataclass

@@ -1,0 +1,56 @@
+"""Right before each node's drain: the capacity budget again, as the cluster is at that moment (issue 17).
+
+The CapacityGate admitted the node's batch once; between then and this node's drain other GPU nodes may have gone
+NotReady or been cordoned (maintenance, a migration outside this run, a dra node held for its smoke test). So the
+gate's decision is taken again (plan.drain_decision): the batch-mates are out by admission, only what is unavailable
+beyond the admitted batch counts. WorkerReplacementProvider calls this each time a replacement is about to drain,
+also on a resumed `up` (a gate recorded by an earlier run is not run again); a replacement whose replaceWorker was
+already requested does not drain, so it never waits here (its node is out already).
+
+Waits bounded by timeouts.capacityGate, logging what it counts; a timeout names the unavailable nodes, and nothing
+was drained or replaced.
+"""
+from typing import Any
+
+import pulumi
+
+from .. import plan
+from ..common.waiting import WaitTimeout, optional_float, wait_for
+
+
+class BudgetExceeded(RuntimeError):
+    """Too few GPU nodes outside the batch are available to drain this node now; nothing was drained or replaced."""
+
+
+def hold_for_budget(node: str, settings: dict[str, Any]) -> None:
+    """Returns once `node` may be drained; a no-op without `settings["budget"]` (a replacement declared without
+    one). `settings`: the eviction settings (kubeconfig) with `budget`: {index, batch, selector, min_available,
+    timeout, poll_interval} (components/migration.py drain_budgets)."""
+    budget = settings.get("budget")
+    if not budget:
+        return
+    from kubernetes import client, config  # kubernetes is only needed when a node is drained
+
+    from .capacity_gate import node_view
+
+    batch, selector, needed = list(budget["batch"]), budget["selector"], int(budget["min_available"])
+    what = f"capacity to drain node {node} of batch {int(budget.get('index') or 0)} ({', '.join(batch)})"
+    with config.new_client_from_config(config_file=settings.get("kubeconfig") or None) as api:
+        core = client.CoreV1Api(api)
+
+        def poll() -> tuple[bool, plan.GateDecision, str]:
+            views = [node_view(n) for n in core.list_node().items]
+            decision = plan.drain_decision(views, node, batch, selector, needed)
+            return decision.open, decision, decision.state
+
+        try:
+            decision = wait_for(what, poll, optional_float(budget.get("timeout"), 3600),
+                                optional_float(budget.get("poll_interval"), 15))
+        except WaitTimeout as e:
+            raise BudgetExceeded(
+                f"{e}\nnode {node} was not drained and its worker not replaced: GPU nodes outside its batch became "
+                f"unavailable after the batch's capacity gate. Make them available (uncordon or repair them), raise "
+                f"gpu-migration:maxUnavailable, or enable gpu-migration:tempGpuPool for surge capacity, then run "
+                f"`pulumi up` again"
+            ) from None
+    pulumi.log.info(f"node {node} may be drained: {decision.state}")
