@@ -684,6 +684,21 @@ def test_an_unlisted_node_past_ibm_drivers_is_a_problem_unless_it_is_a_listed_no
     assert len(inventory(api, {n1: "ibm-managed"}, seen=there)[0]) == 1
 
 
+def test_inventory_takes_new_workers_for_entries_as_the_resumed_replacements_pair_them(kube, api):
+    """Entries by name, new workers by ID (iks/claims.py pair_new_workers), whatever the listing order."""
+    n1, n2 = kube.name("10.0.0.1"), kube.name("10.0.0.2")
+    n3, n4 = kube.name("10.0.0.3"), kube.name("10.0.0.4")
+    kube.add_node(n3, labels={**IKS_GPU, **POOL_A, "ibm-cloud.kubernetes.io/worker-id": "w-b"},
+                  kubelet_version="v1.37.0+IKS")
+    kube.add_node(n4, labels={**IKS_GPU, **POOL_A, "ibm-cloud.kubernetes.io/worker-id": "w-a"},
+                  kubelet_version="v1.37.0+IKS")
+    there = {"pool": "gpu", "zone": "us-south-1"}
+    problems, warnings = inventory(api, {n2: "dra", n1: "device-plugin"}, seen={n1: there, n2: there})
+    assert problems == []
+    assert [(w.split()[2], w.split("taken for the new worker of ")[1].split()[0]) for w in warnings] == [
+        (n4, n1), (n3, n2)]
+
+
 def test_inventory_ties_replaced_nodes_to_their_config_entry(kube, api):
     n9, n1 = kube.name("10.0.0.9"), kube.name("10.0.0.1")
     kube.add_node(n9, labels={**IKS_GPU, "ibm-cloud.kubernetes.io/worker-id": "w-new"}, kubelet_version="v1.37.0+IKS",

@@ -99,6 +99,7 @@ class GpuNode(pulumi.ComponentResource):
             api=self.ctx.ibm_api,
             timeout=t.worker_replace,
             poll_interval=t.poll_interval,
+            entries={n.name: n.worker_id for n in cfg.nodes},  # to pair new workers when resumed
             # The only GPU node is replaced only with a temporary GPU pool to take its workloads.
             single_gpu_node=len(cfg.nodes) == 1 and not cfg.temp_gpu_pool.enabled,
             # Before each replaceWorker (also on a kubeVersion bump) the node is cordoned and its pods evicted.
