@@ -331,6 +331,20 @@ def test_a_resumed_replacement_skips_workers_another_entry_recorded_on_its_node(
         replace(emu, recorded["id"], evict=settings)
 
 
+def test_a_finished_replacement_records_its_entry_on_the_new_node_at_once(emu, kube):
+    """Before any later step runs (a kill may come next), so a batch-mate resumed after it counts the worker taken."""
+    from iks_gpu_migration.kube.records import CONFIG_NAME_ANNOTATION
+    old = emu.add_worker()["id"]
+    IksClient.from_api(emu.api()).replace_worker("gpu-cluster", old)
+    (new,) = live_workers(emu)
+    node = kube.name("10.240.0.77")
+    new["networkInterfaces"][0]["ipAddress"] = node
+    kube.add_node(node)
+    settings = {"kubeconfig": kube.kubeconfig, "timeout": 5, "poll_interval": 0.01}
+    assert replace(emu, old, evict=settings)["new_worker_id"] == new["id"]
+    assert kube.annotations(node).get(CONFIG_NAME_ANNOTATION) == "10.240.0.9"  # replacement_props' node_name
+
+
 def test_a_resumed_replacement_whose_new_worker_failed_stops_at_once_and_never_follows_it(emu):
     """The run that requested the replacement was stopped; the only new worker of the zone then failed. The next `up`
     names it with IKS's message at once (not after the rebalancing grace or the timeout), and follows the worker

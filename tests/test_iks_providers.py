@@ -315,6 +315,29 @@ def test_a_claimed_new_worker_is_never_another_replacements_candidate(emu):
     assert claimed in emu.stuck and emu.count("POST", "/v2/vpc/replaceWorker") == 1
 
 
+def test_batch_mates_whose_up_was_killed_after_both_requests_resume_to_different_workers(emu, monkeypatch):
+    """`up` killed right after both replaceWorker calls of one pool and zone: the next `up`'s resumed replacements
+    (no claims, nothing recorded on a node) pair the two new workers by entry name and worker ID, in any order, each
+    in a provider process of its own; no replace is requested again and nothing is ambiguous."""
+    from iks_gpu_migration.iks import claims
+    olds = {"10.240.0.11": emu.add_worker()["id"], "10.240.0.12": emu.add_worker()["id"]}
+    client = IksClient.from_api(emu.api())
+    for old in olds.values():
+        client.replace_worker("gpu-cluster", old)  # by the killed run
+    news = sorted(w["id"] for w in live_workers(emu))
+    assert len(news) == 2
+    for order in (["10.240.0.12", "10.240.0.11"], ["10.240.0.11", "10.240.0.12"]):
+        got = {}
+        for entry in order:
+            monkeypatch.setattr(claims, "CLAIMS", claims.NewWorkerClaims())  # a new provider process each
+            got[entry] = replace(emu, olds[entry], node_name=entry, entries=olds)["new_worker_id"]
+        assert got == {"10.240.0.11": news[0], "10.240.0.12": news[1]}
+    assert emu.count("POST", "/v2/vpc/replaceWorker") == 2
+    monkeypatch.setattr(claims, "CLAIMS", claims.NewWorkerClaims())
+    with pytest.raises(ReplacementError, match="ambiguous"):
+        replace(emu, olds["10.240.0.11"])  # without the entries: two candidates, no guess
+
+
 def test_resume_waits_while_the_replacement_is_not_created_yet(emu):
     old = emu.add_worker()["id"]
     migrated = emu.add_worker(version="1.36.1_1530")["id"]

@@ -366,6 +366,35 @@ def test_a_re_created_smoke_pod_that_fails_again_is_replaced_again(claim, kube, 
         assert requests.count(("POST", f"/api/v1/namespaces/{ns}/pods")) == expected_pods
 
 
+def test_a_smoke_pod_that_ended_unwatched_and_lost_its_claim_is_run_again(dra_cluster, kube, kubeconfig, ns, n1):
+    """E.g. the pod of a killed `up`, adopted by `recover`: it finished while nothing watched it and the resourceclaim
+    controller deleted its claim, so criterion 2 can't be judged on it. The next `up` runs it again and passes."""
+    smoke = smoke_pod(kube, ns, n1)  # Succeeded, its claim gone
+    created = []
+    run = passing_run(kube, ns, n1, created)
+
+    def scheduled(pod):  # DRA allocates a claim for the new pod, then it runs and passes
+        dra_cluster.add_claim(ns, CLAIM, [{"driver": DRIVER, "pool": n1, "device": "gpu-0",
+                                           "request": "container-0-request-0"}])
+        run(pod)
+    kube.on_pod_create(ns, scheduled)
+    outs = verification(kubeconfig, kube, smoke)
+    assert outs["result"].startswith("passed:") and len(created) == 1
+    assert annotation(kube)["podUid"] == created[0]["metadata"]["uid"] != smoke["metadata"]["uid"]
+
+
+def test_smoke_criterion_2_deleted_claim_suggests_a_longer_command_only_for_a_watched_pod(kube, api, ns, n1):
+    smoke_pod(kube, ns, n1)  # its claim is gone
+    deleted = (f"criterion 2 (allocation): ResourceClaim {ns}/{CLAIM} was deleted before it could be read (the "
+               f"resourceclaim controller removes a finished pod's claim)")
+    assert verify(api, kube).problems[0] == (
+        f"{deleted}; the pod had ended before it was judged: run `pulumi up` again, it runs the pod again")
+    watched = verify_smoke(api, kube.name(NS), "gpu-smoke-n1", kube.name("n1"), DRIVER, ER, claims={})
+    assert watched.problems[0] == (
+        f"{deleted}; the pod ended between two readings: make gpu-migration:smokeTest.command hold the GPU longer "
+        f"than timeouts.pollInterval, e.g. end it with `&& sleep 60`")
+
+
 def test_smoke_pass_with_a_failing_uncordon_says_what_to_do(smoke, kube, kubeconfig, monkeypatch, ns, n1):
     kube.cordon(n1, annotations={CORDON_ANNOTATION: "dra"})
     real = client.CoreV1Api.patch_node
@@ -682,6 +711,21 @@ def test_an_unlisted_node_past_ibm_drivers_is_a_problem_unless_it_is_a_listed_no
         "joined yet: its replacement resumes"])
     # An ibm-managed entry is never explained by a replacement: its node would stay unfenced.
     assert len(inventory(api, {n1: "ibm-managed"}, seen=there)[0]) == 1
+
+
+def test_inventory_takes_new_workers_for_entries_as_the_resumed_replacements_pair_them(kube, api):
+    """Entries by name, new workers by ID (iks/claims.py pair_new_workers), whatever the listing order."""
+    n1, n2 = kube.name("10.0.0.1"), kube.name("10.0.0.2")
+    n3, n4 = kube.name("10.0.0.3"), kube.name("10.0.0.4")
+    kube.add_node(n3, labels={**IKS_GPU, **POOL_A, "ibm-cloud.kubernetes.io/worker-id": "w-b"},
+                  kubelet_version="v1.37.0+IKS")
+    kube.add_node(n4, labels={**IKS_GPU, **POOL_A, "ibm-cloud.kubernetes.io/worker-id": "w-a"},
+                  kubelet_version="v1.37.0+IKS")
+    there = {"pool": "gpu", "zone": "us-south-1"}
+    problems, warnings = inventory(api, {n2: "dra", n1: "device-plugin"}, seen={n1: there, n2: there})
+    assert problems == []
+    assert [(w.split()[2], w.split("taken for the new worker of ")[1].split()[0]) for w in warnings] == [
+        (n4, n1), (n3, n2)]
 
 
 def test_inventory_ties_replaced_nodes_to_their_config_entry(kube, api):

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import subprocess
 import sys
 from typing import Any, Optional
+from urllib.parse import unquote, urlparse
 
 _K8S = "kubernetes:"
 
@@ -95,9 +97,33 @@ def release_stuck_installs(kubeconfig: Optional[str], namespace: str, name: str,
     return not api.list_namespaced_secret(namespace, label_selector=f"owner=helm,name={name}").items
 
 
+def repair_file_backend(cli: Cli, out=print) -> None:
+    """Remove an unreadable sidecar `<stack>.json*.attrs` of a file backend's checkpoint. gocloud.dev's fileblob (the
+    file backend's storage) writes that sidecar (os.Create, then its JSON) before it renames the new checkpoint into
+    place (blob/fileblob/fileblob.go writerWithSidecar.Close, attrs.go setAttrs): a kill in between leaves it empty,
+    the checkpoint beside it whole, and every command fails with "failed to load checkpoint: EOF" (attrs.go getAttrs
+    decodes it). A missing sidecar reads as default attributes (getAttrs), so removing it is safe."""
+    who = subprocess.run([cli.pulumi, "whoami", "--json", "--non-interactive"], capture_output=True, text=True,
+                         env=cli.env, cwd=cli.cwd)
+    try:
+        url = json.loads(who.stdout).get("url") or ""
+    except ValueError:
+        return
+    if not url.startswith("file://"):
+        return
+    stacks = pathlib.Path(unquote(urlparse(url).path)) / ".pulumi" / "stacks"
+    for attrs in sorted(stacks.glob(f"*/{cli.stack.rsplit('/', 1)[-1]}.json*.attrs")):
+        try:
+            json.loads(attrs.read_text())
+        except ValueError:
+            attrs.unlink()
+            out(f"removed {attrs}: the kill cut its write short (empty or partial), so the stack could not be read")
+
+
 def recover(stack: str, pulumi: str = "pulumi", env: Optional[dict] = None, out=print,
             kubeconfig: Optional[str] = None, cwd: Optional[str] = None) -> int:
     cli = Cli(pulumi, stack, env, cwd)
+    repair_file_backend(cli, out)
     # The killed CLI could not release its lock; with no update running, `pulumi cancel` removes it (a no-op else).
     cli.run("cancel", "--yes")
     exported = cli.run("stack", "export")

@@ -10,7 +10,7 @@ from ..common.waiting import WaitTimeout, optional_float, wait_for
 from ..kube.drain_budget import hold_for_budget
 from .api import IksApiError, IksClient
 from . import claims, pool_rules
-from .claims import failed_worker_error, find_replacement, recorded_by_other_entries
+from .claims import failed_worker_error, find_replacement, record_entry, recorded_by_other_entries, waiting_entries
 from .master import wait_master_at
 from .provider import ReplacementError, Streak, _IksProvider, _log, _public, same_minor
 from .workers import describe_worker, is_deleted, is_deleting, is_deployed, is_failed, is_ready, primary_ip, worker_version
@@ -95,6 +95,8 @@ class WorkerReplacementProvider(_IksProvider):
             )
             raise WaitTimeout(f"{e}; {detail}") from None
         actual = worker_version(new)
+        if new["id"] != start:
+            record_entry(props, primary_ip(new))
         if new["id"] in run.created and not version_at_least(actual, target):
             pulumi.log.warn(f"worker {new['id']} runs {actual}: IKS's newest worker fix pack, not the pinned "
                             f"kubeVersion {target}; it is not replaced again")
@@ -226,9 +228,21 @@ class _Run:
         if resumed:
             pool_rules.CANARIES.adopt(self.cluster, self.claimant, cur)
         pool = self.client.get_worker_pool(self.cluster, cur.get("poolID")) if resumed else None
-        recorded = recorded_by_other_entries(self.props) if resumed else frozenset()
-        candidates = find_replacement(cur, workers, pool, self.target, self.known,
-                                      self.others | recorded | claims.CLAIMS.taken(self.cluster, self.claimant))
+        recorded = recorded_by_other_entries(self.props) if resumed else {}
+        entries, own = self.props.get("entries") or {}, self.props.get("node_name")
+        waiting = None
+        if resumed and own in entries:
+            claimed, pending = claims.CLAIMS.busy(self.cluster, self.claimant)
+            zone = {w["id"] for w in workers
+                    if w.get("poolID") == cur.get("poolID") and w.get("location") == cur.get("location")}
+            if pending & zone:
+                return None  # a batch-mate of this process requested its replacement: it claims its worker first
+            live = {w["id"] for w in workers if not is_deleting(w)}
+            waiting = waiting_entries(cur, workers, own, entries, {e for w, e in recorded.items() if w in live},
+                                      claimed)
+        others = self.others | frozenset(recorded) | claims.CLAIMS.taken(self.cluster, self.claimant)
+        candidates = find_replacement(cur, workers, pool, self.target, self.known, others, waiting, own,
+                                      frozenset(w for e, w in entries.items() if e != own))
         new = claims.CLAIMS.claim(self.cluster, self.claimant, candidates)
         if new is None:
             return None
@@ -264,6 +278,7 @@ class _Run:
         self.requested.add(cur["id"])
         drained = primary_ip(cur) if self.props.get("evict") else None
         self.provider._request(self.client, self.cluster, cur, drained, self.props.get("evict"))
+        claims.CLAIMS.requested(self.cluster, self.claimant, cur["id"])
         return False, None, f"replacement of worker {cur['id']} (update to {target}) requested"
 
 
@@ -288,6 +303,7 @@ class WorkerReplacement(dyn.Resource, module="gpu-migration", name="WorkerReplac
         timeout: pulumi.Input[float] = 5400,
         poll_interval: pulumi.Input[float] = 15,
         other_worker_ids: Optional[pulumi.Input[list]] = None,
+        entries: Optional[dict[str, str]] = None,
         single_gpu_node: pulumi.Input[bool] = False,
         evict: Optional[pulumi.Input[dict]] = None,
         pool_rules: Optional[pulumi.Input[dict]] = None,
@@ -295,6 +311,8 @@ class WorkerReplacement(dyn.Resource, module="gpu-migration", name="WorkerReplac
     ) -> None:
         """`other_worker_ids`: workers of the other GPU nodes (configured and replaced IDs); optional, it only helps
         tell this node's replacement apart from an already-migrated sibling when resuming.
+        `entries`: every config entry (node name -> configured worker ID); a resumed replacement pairs the new workers
+        of its pool and zone with the entries waiting there (claims.pair_new_workers).
         `evict`: kube/eviction.py settings (kubeconfig, timeout, poll_interval, gpu_nodes, gpu_resources); when set,
         the node is drained before each replaceWorker (with `drain`: kubectl drain's options); with `budget`
         (kube/drain_budget.py: index, batch, selector, min_available, timeout, poll_interval) the capacity budget is
@@ -303,7 +321,7 @@ class WorkerReplacement(dyn.Resource, module="gpu-migration", name="WorkerReplac
         workerPoolRules (pool_rules.py refuses those pools otherwise)."""
         props = {"cluster": cluster, "worker_id": worker_id, "node_name": node_name, "kube_version": kube_version,
                  "api": api, "timeout": timeout, "poll_interval": poll_interval,
-                 "other_worker_ids": other_worker_ids or [], "single_gpu_node": single_gpu_node, "evict": evict,
-                 "pool_rules": pool_rules or {},
+                 "other_worker_ids": other_worker_ids or [], "entries": entries or {},
+                 "single_gpu_node": single_gpu_node, "evict": evict, "pool_rules": pool_rules or {},
                  "old_worker_id": None, "new_worker_id": None, "actual_version": None, "drained": None}
         super().__init__(WorkerReplacementProvider(), name, props, opts)

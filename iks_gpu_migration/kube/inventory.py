@@ -88,8 +88,11 @@ def inventory(
         elif is_gpu_node(n) and not (temp_pool and labels.get(IKS_POOL_LABEL) == temp_pool):
             unlisted.append(n)
     # Entries whose node is gone after an earlier run saw it: their worker is being replaced.
-    in_replacement = {name: seen[name] for name, stage in configured.items()
+    # Paired in the order WorkerReplacement pairs new workers with entries (iks/claims.py pair_new_workers): entries
+    # by name, new workers by ID, so what this check takes is what the resumed replacements record.
+    in_replacement = {name: seen[name] for name, stage in sorted(configured.items())
                       if name not in now and stage != "ibm-managed" and name in seen}
+    unlisted.sort(key=lambda n: (n.metadata.labels or {}).get(IKS_WORKER_ID_LABEL) or n.metadata.name)
     for n in unlisted:
         labels, name = n.metadata.labels or {}, n.metadata.name
         kubelet = n.status.node_info.kubelet_version if n.status and n.status.node_info else None

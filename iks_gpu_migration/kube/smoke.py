@@ -3,15 +3,27 @@ uncordons it; a failed pod is re-created by the next `up`."""
 from typing import Any, Optional
 
 import pulumi
+from kubernetes import client
 from pulumi.dynamic import Resource
 
 from ..common import names
 from ..common.waiting import WaitTimeout
 from .cordon import uncordon_if_ours
+from .cluster import TERMINAL
 from .pods import _current_uid, _recreate_pod, _wait_for_pod_end, stuck_containers
 from .provider import CheckFailed, _bullets, _Provider, _short
 from .records import _last_record, _record
-from .smoke_criteria import SmokeResult, verify_smoke
+from .smoke_criteria import SmokeResult, capture_claim, verify_smoke
+
+
+def _ended_without_claim(api, namespace: str, name: str, claims: dict[str, Any]) -> bool:
+    """The pod has ended and its DRA extended-resource claim can no longer be read: kube-controller-manager's
+    resourceclaim controller deletes it once the pod is done (kubernetes pkg/controller/resourceclaim/controller.go).
+    A claim still there is kept in `claims`."""
+    pod = client.CoreV1Api(api).read_namespaced_pod(name, namespace)
+    capture_claim(api, pod, claims)
+    status = pod.status
+    return bool(status and status.phase in TERMINAL and status.extended_resource_claim_status and not claims)
 
 
 class _SmokeTestVerificationProvider(_Provider):
@@ -27,8 +39,14 @@ class _SmokeTestVerificationProvider(_Provider):
             if last.get("result") == "failed":
                 pulumi.log.info(f"node {node}: smoke pod {pod} failed before; replacing it to run the test again")
                 uid = _recreate_pod(api, p["namespace"], p["pod_name"])
+        claims: dict[str, Any] = {}
+        if current and uid == current and _ended_without_claim(api, p["namespace"], p["pod_name"], claims):
+            # E.g. the pod of a killed `up` (adopted by `recover`): it finished while nothing watched it, so its
+            # claim is gone and criterion 2 can't be judged. Run it again and judge that run.
+            pulumi.log.info(f"node {node}: smoke pod {pod} ended before this run could read its ResourceClaim; "
+                            f"replacing it to run the test again")
+            uid = _recreate_pod(api, p["namespace"], p["pod_name"])
         try:
-            claims: dict[str, Any] = {}
             ended = _wait_for_pod_end(api, p["namespace"], p["pod_name"], uid, p, 600, claims)
             stuck = stuck_containers(ended)
             if stuck:

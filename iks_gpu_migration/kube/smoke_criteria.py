@@ -77,14 +77,19 @@ def allocation(api: ApiClient, pod: client.V1Pod, driver: str, extended_resource
         return
     requests = {m.request_name for m in status.request_mappings or [] if m.resource_name == extended_resource}
     result.claim = f"{pod.metadata.namespace}/{status.resource_claim_name}"
+    watched = claims is not None
     claims = {} if claims is None else claims
     capture_claim(api, pod, claims)
     claim = claims.get(status.resource_claim_name)
     if claim is None:
+        # Only a pod watched while it ran (`claims` given: SmokeTestVerification re-runs a pod that had ended before
+        # it looked) says the command was too short; else nothing this run saw tells why the claim is gone.
+        advice = ("; the pod ended between two readings: make gpu-migration:smokeTest.command hold the GPU longer "
+                  "than timeouts.pollInterval, e.g. end it with `&& sleep 60`" if watched else
+                  "; the pod had ended before it was judged: run `pulumi up` again, it runs the pod again")
         result.problems.append(
             f"criterion 2 (allocation): ResourceClaim {result.claim} was deleted before it could be read (the "
-            f"resourceclaim controller removes a finished pod's claim); make gpu-migration:smokeTest.command hold "
-            f"the GPU longer than timeouts.pollInterval, e.g. end it with `&& sleep 60`")
+            f"resourceclaim controller removes a finished pod's claim){advice}")
         return
     alloc = claim.status.allocation if claim.status else None
     results = (alloc.devices.results or []) if alloc and alloc.devices else []
