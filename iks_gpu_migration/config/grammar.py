@@ -59,6 +59,15 @@ def check_qualified_name(value: str, require_prefix: bool = False) -> str:
     return value
 
 
+def check_equality_selector(value: str, what: str) -> None:
+    """`key=value[,key=value]`, a label selector of equality terms only (what the program matches itself)."""
+    for term in filter(str.strip, value.split(",")):
+        key, sep, label_value = term.strip().partition("=")
+        if not sep or not _LABEL_VALUE.match(label_value):
+            raise ValueError(f"{what} term {term!r} must be key=value")
+        check_qualified_name(key)
+
+
 def check_namespace(value: str) -> str:
     if len(value) > 63 or not re.match(rf"^{_DNS_LABEL}\Z", value):
         raise ValueError(f"namespace {value!r} is not a DNS label (lowercase alphanumerics and '-', <= 63 chars)")

@@ -17,8 +17,8 @@ from pydantic.alias_generators import to_camel
 from ..common import names
 from ..plan import DEFAULT_GPU_NODE_SELECTOR, parse_max_unavailable
 from .grammar import (DNS_SUBDOMAIN, MAX_TIMEOUT, MIN_POLL_INTERVAL, _EXACT_SEMVER, _KUBE_VERSION, _LABEL_VALUE,
-                      _OPERATOR_SWITCH_PREFIX, _RESERVED_LABEL_DOMAINS, _WORKER_ID, _is_number_type, check_namespace,
-                      check_qualified_name, is_dns_subdomain)
+                      _OPERATOR_SWITCH_PREFIX, _RESERVED_LABEL_DOMAINS, _WORKER_ID, _is_number_type,
+                      check_equality_selector, check_namespace, check_qualified_name, is_dns_subdomain)
 
 NAMESPACE = "gpu-migration"
 Stage = Literal["ibm-managed", "device-plugin", "dra"]
@@ -228,11 +228,7 @@ class WaitForCompletion(Model):
     @field_validator("pod_selector")
     @classmethod
     def _selector(cls, v: str) -> str:
-        for term in filter(str.strip, v.split(",")):
-            key, sep, value = term.strip().partition("=")
-            if not sep or not _LABEL_VALUE.match(value):
-                raise ValueError(f"podSelector term {term!r} must be key=value")
-            check_qualified_name(key)
+        check_equality_selector(v, "podSelector")
         return v
 
 
@@ -295,11 +291,7 @@ class MigrationConfig(Model):
             if not alternative.strip():
                 raise ValueError(f"gpuNodeSelector {v!r} has an empty alternative: write key=value[,key=value] "
                                  f"between the | separators")
-            for term in filter(str.strip, alternative.split(",")):
-                key, sep, value = term.strip().partition("=")
-                if not sep or not _LABEL_VALUE.match(value):
-                    raise ValueError(f"gpuNodeSelector term {term!r} must be key=value")
-                check_qualified_name(key)
+            check_equality_selector(alternative, "gpuNodeSelector")
         return v
 
     @field_validator("kube_version")

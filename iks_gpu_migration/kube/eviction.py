@@ -17,7 +17,7 @@ Called by WorkerReplacementProvider right before each replaceWorker, so it runs 
 """
 import json
 import time
-from typing import Any
+from typing import Any, Optional
 
 import pulumi
 from kubernetes import client, config
@@ -233,13 +233,7 @@ class _Drain:
     def _in_terminating_namespace(self, key: str) -> None:
         """The namespace controller deletes the pod itself: once it is terminating (or gone) it is awaited like an
         evicted one; until then the eviction is retried (kubectl drain.go evictPods)."""
-        namespace, name = key.split("/", 1)
-        try:
-            pod = self.core.read_namespaced_pod(name, namespace)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-            pod = None
+        pod = self._read(key)
         if pod is None or pod.metadata.deletion_timestamp:
             uid = self.to_evict.pop(key).pod.uid
             self.blocked.pop(key, None)
@@ -265,13 +259,7 @@ class _Drain:
         not_ready = None
         skip_after = self.s["options"].skip_wait_for_delete_timeout
         for key, uid in list(self.awaited.items()):
-            namespace, name = key.split("/", 1)
-            try:
-                pod = self.core.read_namespaced_pod(name, namespace)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-                pod = None
+            pod = self._read(key)
             if pod is None or pod.metadata.uid != uid:
                 del self.awaited[key]
                 self.gone.append(key)
@@ -288,6 +276,15 @@ class _Drain:
                 self.not_awaited.append(f"{key} ({why})")
                 pulumi.log.warn(f"node {self.node}: not waiting for evicted pod {key} to end ({why}); it goes with "
                                 f"the worker")
+
+    def _read(self, key: str) -> Optional[client.V1Pod]:
+        namespace, name = key.split("/", 1)
+        try:
+            return self.core.read_namespaced_pod(name, namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            return None
 
     def _not_ready(self) -> bool:
         conditions = self.core.read_node(self.node).status.conditions or []
