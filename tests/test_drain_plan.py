@@ -29,8 +29,8 @@ def test_the_opt_ins_let_them_go():
 
 
 def test_daemonset_pods_are_skipped_only_while_their_daemonset_exists():
-    pods = [PodView("op", "plugin-a", controller=("DaemonSet", "plugin")),
-            PodView("op", "old-b", controller=("DaemonSet", "removed"))]
+    pods = [PodView("op", "plugin-a", controller=("DaemonSet", "plugin"), controller_api="apps/v1"),
+            PodView("op", "old-b", controller=("DaemonSet", "removed"), controller_api="apps/v1")]
     got, listed = actions(pods, {("op", "plugin")})
     assert got == {"plugin-a": "skip", "old-b": "refuse"}
     assert "its DaemonSet removed no longer exists" in listed.refusal("n1")
@@ -39,11 +39,21 @@ def test_daemonset_pods_are_skipped_only_while_their_daemonset_exists():
     assert actions(pods[:1], {("other", "plugin")})[0]["plugin-a"] == "refuse"
 
 
+def test_another_api_groups_daemonset_is_an_ordinary_controller():
+    """kubectl's isControllerRefDaemonSet (filters.go) wants kind DaemonSet *and* apiVersion apps/v1: e.g. an
+    OpenKruise DaemonSet's pod is evicted like a ReplicaSet's, not looked up (and refused) as an apps/v1 one."""
+    kruise = PodView("op", "agent", controller=("DaemonSet", "agent"), controller_api="apps.kruise.io/v1alpha1")
+    assert actions([kruise])[0] == {"agent": "evict"}
+
+
 def test_mirror_pods_are_skipped_finished_pods_deleted_terminating_pods_awaited_not_evicted_again():
-    pods = [PodView("kube-system", "static", mirror=True), PodView("ml", "job-done", phase="Succeeded"),
+    pods = [PodView("kube-system", "static", mirror=True), PodView("kube-system", "static-done", mirror=True,
+                                                                   phase="Succeeded"),
+            PodView("ml", "job-done", phase="Succeeded"),
             PodView("ml", "failed", phase="Failed", empty_dirs=("x",)),
             PodView("ml", "leaving", controller=RS, terminating_for=3)]
-    assert actions(pods)[0] == {"static": "skip", "job-done": "delete", "failed": "delete", "leaving": "await"}
+    assert actions(pods)[0] == {"static": "skip", "static-done": "skip", "job-done": "delete", "failed": "delete",
+                                "leaving": "await"}
 
 
 def test_a_pod_terminating_longer_than_skip_wait_for_delete_timeout_is_skipped():

@@ -268,3 +268,28 @@ def test_the_stack_config_opt_outs_reach_every_replacement():
                                                            "allow_autoscaling": ["gpu-b"]} for r in replacements)
     # Every replacement comes after the master, whose create refuses a master above the target (before any drain).
     assert all(run.depends(r.name, "master-version") for r in replacements)
+
+
+def test_a_canary_stopped_before_its_request_frees_its_pool_and_zone_for_the_next(emu, monkeypatch):
+    """A canary whose drain is refused (a bare pod on its node) says nothing about the pool rebuilding workers: its
+    batch-mate becomes the canary and is replaced."""
+    from iks_gpu_migration.iks import pool_rules, replacement
+    from iks_gpu_migration.kube import eviction
+    olds = [emu.add_worker()["id"] for _ in range(2)]
+    drained, lock = [], threading.Lock()
+
+    def drain(node, evict):
+        with lock:
+            drained.append(node)
+            if len(drained) == 1:
+                raise eviction.EvictionError(f"node {node} cannot be drained without losing data")
+        return {"evicted": []}
+    monkeypatch.setattr(eviction, "drain", drain)
+    monkeypatch.setattr(eviction, "release", lambda node, evict: False)
+    monkeypatch.setattr(replacement, "hold_for_budget", lambda node, evict: None)
+    monkeypatch.setattr(pool_rules, "autoscaler_pools", lambda props: frozenset())
+    results = replace_together(emu, olds, evict={"kubeconfig": None})
+    refused = [old for old, r in results.items() if isinstance(r, eviction.EvictionError)]
+    assert len(refused) == 1 and len(drained) == 2, results
+    (mate,) = set(olds) - set(refused)
+    assert isinstance(results[mate], dict) and [old for _, old in emu.replace_log] == [mate]

@@ -230,3 +230,38 @@ def test_a_403_in_a_terminating_namespace_is_retried_until_the_pod_is_gone(kube,
     result = drain(node, {"kubeconfig": kube.kubeconfig, "timeout": 10, "poll_interval": 0.01})
     # Retried, not fatal; once the namespace controller's delete took the pod, the drain is done.
     assert answers == [403, 403] and result["evicted"] == [] and kube.pod_or_none(ml, "web") is None
+
+
+def test_a_run_that_stops_after_the_drain_but_before_the_replace_request_uncordons_the_node(env, monkeypatch):
+    """E.g. the worker leaves `deployed` right after the drain (IKS started something else on it): the replace is
+    never requested, the wait for it times out, and the drain's cordon is undone."""
+    from iks_gpu_migration.common.waiting import WaitTimeout
+    from iks_gpu_migration.kube import eviction
+    iks_emu, kube, settings, _, node = env
+    running(kube, "web", node)
+    real = eviction.drain
+
+    def drain_then_busy(name, evict):
+        result = real(name, evict)
+        assert kube.unschedulable(node)  # drained and cordoned
+        iks_emu.workers["w1"]["lifecycle"]["actualState"] = "reloading"
+        return result
+    monkeypatch.setattr(eviction, "drain", drain_then_busy)
+    with pytest.raises(WaitTimeout, match="worker w1 was not replaced"):
+        replace(iks_emu, "w1", evict=settings, timeout=0.5)
+    assert iks_emu.count("POST", "/v2/vpc/replaceWorker") == 0 and not kube.unschedulable(node)
+
+
+def test_a_resumed_replacement_reports_what_the_killed_runs_drain_moved(env):
+    """Killed after the drain and its request: the resumed create's output still says what went (the record the
+    drain left on the old node)."""
+    import json
+
+    from iks_gpu_migration.kube.records import DRAIN_ANNOTATION
+    iks_emu, kube, settings, _, node = env
+    record = {"evicted": ["ml/web-1"], "at": "2026-12-03T12:00:00Z"}
+    kube.patch_node(node, {"metadata": {"annotations": {DRAIN_ANNOTATION: json.dumps(record)}}})
+    iks_emu.route("POST", "/v2/vpc/replaceWorker", {}, {"cluster": "gpu-cluster", "workerID": "w1", "update": True})
+    assert replace(iks_emu, "w1", evict=settings)["drained"] == record
+    assert iks_emu.count("POST", "/v2/vpc/replaceWorker") == 0  # not requested again (the killed run's request
+    # went to the emulator directly, uncounted)

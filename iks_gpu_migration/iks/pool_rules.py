@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import pulumi
 
-from ..common.waiting import wait_for
+from ..common.waiting import WaitTimeout, wait_for
 from ..plan import iks_rules
 from .api import IksClient
 from .provider import ReplacementError, _IksProvider, _log
@@ -71,6 +71,16 @@ def autoscaler_pools(props: dict[str, Any]) -> frozenset[str]:
     return iks_rules.autoscaled_pools((cm.data or {}).get(CA_POOLS_KEY))
 
 
+def canary_timeout(props: dict[str, Any]) -> float:
+    """A batch-mate waits as long as the canary may take to show its new worker: its budget re-check, its drain
+    (waitForCompletion, then the evictions) and its replace."""
+    evict = props.get("evict") or {}
+    waits = [_IksProvider.timing(props, 5400)[0], evict.get("timeout") or 0,
+             (evict.get("budget") or {}).get("timeout") or 0,
+             ((evict.get("drain") or {}).get("wait_for_completion") or {}).get("timeout") or 0]
+    return float(sum(float(w) for w in waits))
+
+
 @dataclass
 class _Canary:
     claimant: str  # cluster/old worker ID, as claims.py names a replacement
@@ -106,7 +116,7 @@ class Canaries:
         canary = self._admit(key, claimant, worker)
         if canary is None:
             return
-        timeout, interval = _IksProvider.timing(props, 5400)
+        timeout, interval = canary_timeout(props), _IksProvider.timing(props, 5400)[1]
         where = f"worker pool {canary.pool}, zone {key[2]}"
         _log(f"worker {worker['id']} waits for the canary of {where}: worker {canary.worker}'s replacement must show "
              f"its new worker first")
@@ -122,8 +132,12 @@ class Canaries:
             done = current is None or current.shown or current.claimant == claimant
             return done, None, f"canary worker {canary.worker}: new worker not visible yet"
 
-        wait_for(f"the canary of {where} (worker {canary.worker}) to show its new worker before worker "
-                 f"{worker['id']} is replaced", poll, timeout, interval)
+        try:
+            wait_for(f"the canary of {where} (worker {canary.worker}) to show its new worker before worker "
+                     f"{worker['id']} is replaced", poll, timeout, interval)
+        except WaitTimeout as e:
+            raise ReplacementError(f"{e}; worker {worker['id']} was neither drained nor replaced. Check the canary's "
+                                   f"replacement above; re-running `pulumi up` retries") from None
         self._admit(key, claimant, worker)  # the canary finished meanwhile: this one may be the next group's
 
     def adopt(self, cluster: str, claimant: str, worker: dict) -> None:
@@ -136,14 +150,16 @@ class Canaries:
                 if key[0] == cluster and canary.claimant == claimant:
                     canary.shown = True
 
-    def end(self, cluster: str, claimant: str, error: Optional[BaseException]) -> None:
-        """The replacement `claimant` returned (error None) or stopped: a canary that never showed its new worker
-        stops its batch-mates; otherwise the group is free for the next batch's canary."""
+    def end(self, cluster: str, claimant: str, error: Optional[BaseException], requested: bool = True) -> None:
+        """The replacement `claimant` returned (error None) or stopped: a canary whose replace IKS accepted but that
+        never showed its new worker stops its batch-mates (the pool and zone may not rebuild workers). One that
+        stopped before its request (e.g. its drain was refused) says nothing about the pool: the group is freed
+        and the next batch-mate becomes the canary."""
         with self._lock:
             for key, canary in list(self._by_group.items()):
                 if key[0] != cluster or canary.claimant != claimant:
                     continue
-                if error is not None and not canary.shown:
+                if error is not None and requested and not canary.shown:
                     canary.failed = str(error) or type(error).__name__
                 else:
                     del self._by_group[key]

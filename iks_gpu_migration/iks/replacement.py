@@ -62,27 +62,31 @@ class WorkerReplacementProvider(_IksProvider):
              f"nothing to delete (a replaced worker cannot be un-replaced)")
 
     def _replace(self, props: dict[str, Any], start: str) -> dict[str, Any]:
-        """_replace_worker, ending this replacement's canary turn (pool_rules.py) however it ends."""
+        """_replace_worker; however it stops, a node drained for a replace that was never requested is uncordoned
+        again (kube/eviction.py), and this replacement's canary turn (pool_rules.py) ends."""
+        run = _Run(self, props, start)
         error: Optional[BaseException] = None
         try:
-            return self._replace_worker(props, start)
+            return self._replace_worker(props, start, run)
         except BaseException as e:
             error = e
+            run.release_unrequested()
             raise
         finally:
-            pool_rules.CANARIES.end(props["cluster"], f"{props['cluster']}/{start}", error)
+            pool_rules.CANARIES.end(props["cluster"], run.claimant, error, requested=bool(run.requested))
 
-    def _replace_worker(self, props: dict[str, Any], start: str) -> dict[str, Any]:
+    def _replace_worker(self, props: dict[str, Any], start: str, run: "_Run") -> dict[str, Any]:
         """Resumable: each poll reads the real worker state and takes the next step from there (_Run.poll).
         A worker this resource followed to is never replaced again, whatever fix pack IKS gave it."""
         cluster, target = props["cluster"], props["kube_version"]
         timeout, interval = self.timing(props, 5400)
-        run = _Run(self, props, start)
         first = {w["id"]: w for w in run.client.list_workers(cluster, show_deleted=True)}.get(start)
         if first is not None and self._needs_replacement(first, target):
             # The gates (master, eviction) may take their own bounded time: not counted against the replace wait.
-            run.drained = self._before_replace(run.client, props, first)
-            run.prepared.add(start)
+            run.drain(first)
+        elif first is not None and is_deleting(first) and props.get("evict") and primary_ip(first):
+            from ..kube import eviction  # resumed after its request: the drain's record is on the old node, if any
+            run.drained = eviction.recorded(primary_ip(first), props["evict"])
         what = f"worker {start} of cluster {cluster} replaced at {target} (deployed, normal, Ready)"
         try:
             new = wait_for(what, run.poll, timeout, interval)
@@ -106,8 +110,8 @@ class WorkerReplacementProvider(_IksProvider):
             "new_worker_id": new["id"],
             "node_name": primary_ip(new) or props.get("node_name"),
             "actual_version": actual,
-            # What the drain moved (read by `status`); a resumed replacement keeps what the first run recorded.
-            "drained": run.drained if run.drained is not None else props.get("drained"),
+            # What the drain moved (read by `status`); a resumed replacement reads what the killed run recorded.
+            "drained": run.drained,
         }
 
     @staticmethod
@@ -164,7 +168,10 @@ class WorkerReplacementProvider(_IksProvider):
             client.replace_worker(cluster, worker["id"])
         except IksApiError as e:
             if not (e.status_code and 400 <= e.status_code < 500):
-                raise
+                note = (f"; node {drained} stays cordoned and drained, as IKS may have accepted the replace: "
+                        f"re-running `pulumi up` resumes it, or `kubectl uncordon {drained}` if you give it up"
+                        if drained else "")
+                raise IksApiError(f"{e}{note}", e.status_code) from None
             after = client.get_worker(cluster, worker["id"])
             if after is not None and is_deleting(after):
                 _log(f"worker {worker['id']} is already being replaced ({e})")
@@ -202,7 +209,22 @@ class _Run:
         self.created: set[str] = set()
         self.prepared: set[str] = set()
         self.orphaned_at: Optional[float] = None
-        self.drained: Optional[dict] = None  # what this process's drain moved off the node
+        self.drained: Optional[dict] = None  # what the drain moved off the node
+        self.drained_nodes: dict[str, str] = {}  # worker ID -> node, drained (or drain started) by this process
+
+    def drain(self, worker: dict) -> None:
+        """The gates before a replace (master, pool rules, budget, drain): run once per worker."""
+        self.drained_nodes[worker["id"]] = primary_ip(worker) or ""
+        self.drained = self.provider._before_replace(self.client, self.props, worker)
+        self.prepared.add(worker["id"])
+
+    def release_unrequested(self) -> None:
+        """The run stops before a drained node's replace was requested: its drain's cordon is undone."""
+        evict = self.props.get("evict")
+        for worker_id, node in self.drained_nodes.items():
+            if evict and node and worker_id not in self.requested:
+                from ..kube import eviction
+                eviction.release(node, evict)
 
     def poll(self) -> tuple[bool, Optional[dict], str]:
         workers = self.client.list_workers(self.cluster, show_deleted=True)
@@ -272,8 +294,7 @@ class _Run:
         if not is_deployed(cur):
             return False, None, describe_worker(cur)
         if cur["id"] not in self.prepared:
-            self.drained = self.provider._before_replace(self.client, self.props, cur)
-            self.prepared.add(cur["id"])
+            self.drain(cur)
         self.known = set(by_id)
         self.requested.add(cur["id"])
         drained = primary_ip(cur) if self.props.get("evict") else None

@@ -25,12 +25,12 @@ def uses_gpu(pod: client.V1Pod, resources: list[str]) -> bool:
 
 def view(pod: client.V1Pod, resources: list[str], now: datetime) -> PodView:
     meta, spec = pod.metadata, pod.spec
-    controller = next(((r.kind, r.name) for r in meta.owner_references or [] if r.controller), None)
+    ref = next((r for r in meta.owner_references or [] if r.controller), None)
     deleted = meta.deletion_timestamp
     return PodView(
         namespace=meta.namespace, name=meta.name, uid=meta.uid or "",
         phase=(pod.status.phase if pod.status else None) or "Pending",
-        controller=controller,
+        controller=(ref.kind, ref.name) if ref else None, controller_api=ref.api_version if ref else "",
         mirror=MIRROR_ANNOTATION in (meta.annotations or {}),
         empty_dirs=tuple(v.name for v in spec.volumes or [] if v.empty_dir is not None),
         terminating_for=(now - deleted).total_seconds() if deleted else None,
@@ -52,7 +52,8 @@ def listing(api, node: str, opts: DrainOptions, resources: list[str]) -> DrainLi
 def _daemonsets(api, pods: list[PodView]) -> set[tuple[str, str]]:
     """The controlling DaemonSets that exist (read per namespace: a drain needs no cluster-wide list of them)."""
     apps, found = client.AppsV1Api(api), set()
-    for ns in sorted({p.namespace for p in pods if (p.controller or ("",))[0] == "DaemonSet"}):
+    for ns in sorted({p.namespace for p in pods if (p.controller or ("",))[0] == "DaemonSet"
+                      and p.controller_api == "apps/v1"}):
         found |= {(ns, d.metadata.name) for d in apps.list_namespaced_daemon_set(ns).items}
     return found
 

@@ -26,8 +26,8 @@ from kubernetes.client.exceptions import ApiException
 from ..common.waiting import WaitTimeout, optional_float, wait_for
 from ..plan.drain import DrainList, DrainOptions, Verdict, namespace_terminating, too_many
 from . import drain_listing
-from .cordon import CORDON_ANNOTATION, cordon
-from .records import record_drain
+from .cordon import CORDON_ANNOTATION
+from .records import DRAIN_ANNOTATION, record_drain
 
 DEFAULT_GPU_RESOURCES = ("nvidia.com/gpu",)
 DRAIN_CORDON = "worker-replacement"  # CORDON_ANNOTATION value of the drain's cordon
@@ -81,29 +81,66 @@ def drain(node: str, settings: dict[str, Any]) -> dict[str, Any]:
         if s["gpu_nodes"]:
             _wait_for_gpus(core, s)
         pulumi.log.info(f"cordoning node {node} and draining it before its worker is replaced")
-        cordon(api, node, DRAIN_CORDON)
+        _cordon(api, node)
         try:
             result = _Drain(api, node, s).run()
         except BaseException:
-            if _undo_cordon(api, node):
-                pulumi.log.info(f"node {node}: this run's cordon was undone (nothing was replaced)")
+            _undo_cordon_quietly(api, node)
             raise
     return result
 
 
+def _cordon(api, node: str) -> None:
+    """Cordon marked as the drain's. A node already cordoned by anyone else (an admin, the path switch holding an
+    unverified node back) keeps that cordon and its mark: only a cordon the drain set is ever undone."""
+    core = client.CoreV1Api(api)
+    current = core.read_node(node)
+    mark = (current.metadata.annotations or {}).get(CORDON_ANNOTATION)
+    if current.spec.unschedulable and mark != DRAIN_CORDON:
+        return
+    core.patch_node(node, {"metadata": {"annotations": {CORDON_ANNOTATION: DRAIN_CORDON}},
+                           "spec": {"unschedulable": True}})
+
+
 def release(node: str, settings: dict[str, Any]) -> bool:
-    """The replacement did not happen after all (IKS refused it): undo the drain's cordon. True if undone."""
-    with config.new_client_from_config(config_file=_settings(settings)["kubeconfig"]) as api:
-        try:
-            return _undo_cordon(api, node)
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise
+    """The replacement did not happen after all (refused, or the run stopped before its request): undo the drain's
+    cordon. True if undone; never raises (the error that stopped the run is the one to show)."""
+    try:
+        api = config.new_client_from_config(config_file=_settings(settings)["kubeconfig"])
+    except Exception as e:  # noqa: BLE001 - as in _undo_cordon_quietly
+        pulumi.log.warn(f"node {node}: the drain's cordon could not be checked ({e}); `kubectl uncordon {node}` if "
+                        f"it is cordoned and its worker is not to be replaced")
+        return False
+    with api:
+        return _undo_cordon_quietly(api, node)
+
+
+def recorded(node: str, settings: dict[str, Any]) -> Optional[dict]:
+    """The drain recorded on `node` (records.py DRAIN_ANNOTATION), for a replacement resumed after its request;
+    None if the node or the record is gone. Never raises."""
+    try:
+        with config.new_client_from_config(config_file=_settings(settings)["kubeconfig"]) as api:
+            raw = (client.CoreV1Api(api).read_node(node).metadata.annotations or {}).get(DRAIN_ANNOTATION)
+        return json.loads(raw) if raw else None
+    except Exception:  # noqa: BLE001 - a missing record only leaves `status` without it
+        return None
+
+
+def _undo_cordon_quietly(api, node: str) -> bool:
+    try:
+        undone = _undo_cordon(api, node)
+    except Exception as e:  # noqa: BLE001 - secondary to the error that stopped the drain or replacement
+        if not (isinstance(e, ApiException) and e.status == 404):
+            pulumi.log.warn(f"node {node}: the drain's cordon could not be undone ({e.__class__.__name__}: "
+                            f"{str(e)[:120]}); `kubectl uncordon {node}` if its worker is not to be replaced")
+        return False
+    if undone:
+        pulumi.log.info(f"node {node}: the drain's cordon was undone (its worker was not replaced)")
+    return undone
 
 
 def _undo_cordon(api, node: str) -> bool:
-    """Only the drain's own cordon: an admin's cordon, or the path switch's, stays."""
+    """Only the drain's own cordon (_cordon): an admin's cordon, or the path switch's, stays."""
     core = client.CoreV1Api(api)
     if (core.read_node(node).metadata.annotations or {}).get(CORDON_ANNOTATION) != DRAIN_CORDON:
         return False
@@ -228,7 +265,8 @@ class _Drain:
             self._in_terminating_namespace(key)
         else:
             raise EvictionError(f"evicting pod {key} from node {self.node} failed: HTTP {e.status}: "
-                                f"{status.get('message') or e.reason}; its worker was not replaced") from None
+                                f"{status.get('message') or e.reason}; its worker was not replaced. "
+                                f"{_fix_for(e.status, status)}") from None
 
     def _in_terminating_namespace(self, key: str) -> None:
         """The namespace controller deletes the pod itself: once it is terminating (or gone) it is awaited like an
@@ -287,7 +325,13 @@ class _Drain:
             return None
 
     def _not_ready(self) -> bool:
-        conditions = self.core.read_node(self.node).status.conditions or []
+        """NotReady, or gone (its worker went meanwhile): either way no kubelet finishes the node's pods."""
+        try:
+            conditions = self.core.read_node(self.node).status.conditions or []
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            return True
         return not any(c.type == "Ready" and c.status == "True" for c in conditions)
 
     def _came_back(self, listed: DrainList) -> list[str]:
@@ -316,6 +360,21 @@ class _Drain:
                "`pulumi up`" if budgets else "Check why those pods do not end, then re-run `pulumi up`")
         return (f"{e}; its worker was not replaced. Already evicted: {', '.join(went) or 'none'}. {fix}; "
                 f"gpu-migration:timeouts.evict bounds this wait")
+
+
+def _fix_for(code: int, status: dict[str, Any]) -> str:
+    """What to do about an eviction answer the drain does not retry (kubernetes pkg/registry/core/pod/storage/
+    eviction.go: 500 for a pod under more than one PodDisruptionBudget; 403 from RBAC or a budget whose
+    disruptionsAllowed is negative)."""
+    message = str(status.get("message") or "")
+    if code == 500 and "more than one" in message.lower():
+        return "The Eviction API cannot evict a pod that several PodDisruptionBudgets select: merge them into one"
+    if code == 403 and "DisruptionBudget" in json.dumps(status.get("details") or {}):
+        return "Its PodDisruptionBudget refuses every eviction now: check its status (`kubectl describe pdb`)"
+    if code == 403:
+        return ("The kubeconfig's user may not evict pods: it needs `create` on `pods/eviction` (and `list` on pods, "
+                "`get` on daemonsets) cluster-wide")
+    return "Re-run `pulumi up` to retry"
 
 
 def _status(e: ApiException) -> dict[str, Any]:

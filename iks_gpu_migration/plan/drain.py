@@ -23,6 +23,7 @@ class PodView:
     uid: str = ""
     phase: str = "Running"
     controller: Optional[tuple[str, str]] = None  # (kind, name) of the ownerReference with controller: true
+    controller_api: str = ""  # that ownerReference's apiVersion
     mirror: bool = False  # annotation kubernetes.io/config.mirror
     empty_dirs: tuple[str, ...] = ()  # names of its emptyDir volumes
     terminating_for: Optional[float] = None  # seconds since deletionTimestamp; None: not terminating
@@ -84,18 +85,18 @@ def _verdict(pod: PodView, daemonsets: set[tuple[str, str]], opts: DrainOptions)
             pod.terminating_for > opts.skip_wait_for_delete_timeout:
         return Verdict(pod, "skip", f"terminating for {pod.terminating_for:.0f}s, longer than "
                                     f"drain.skipWaitForDeleteTimeout")
+    if pod.mirror:  # whatever its phase (filters.go mirrorPodFilter)
+        return Verdict(pod, "skip", "mirror (static) pod: the kubelet runs it from a file")
     if pod.finished:
         return Verdict(pod, "delete", f"finished ({pod.phase})")
     kind, owner = pod.controller or ("", "")
-    if kind == "DaemonSet":
+    if kind == "DaemonSet" and pod.controller_api == "apps/v1":  # filters.go isControllerRefDaemonSet
         if (pod.namespace, owner) in daemonsets:
             return Verdict(pod, "skip", f"DaemonSet {owner} keeps it on the node")
         if not opts.force:
             return Verdict(pod, "refuse", f"its DaemonSet {owner} no longer exists, so nothing re-creates it "
                                           f"(drain.force: true evicts it)")
         return _go(pod, f"orphan of the deleted DaemonSet {owner} (drain.force)")
-    if pod.mirror:
-        return Verdict(pod, "skip", "mirror (static) pod: the kubelet runs it from a file")
     if pod.empty_dirs and not opts.delete_empty_dir_data:
         return Verdict(pod, "refuse", f"emptyDir volume {', '.join(pod.empty_dirs)} would lose its data "
                                       f"(drain.deleteEmptyDirData: true accepts that)")
