@@ -105,3 +105,25 @@ def test_an_unexplained_extra_new_worker_is_ambiguous():
     waiting = waiting_entries(old, extra, "a", ENTRIES, set())
     with pytest.raises(ReplacementError, match="ambiguous"):
         find_replacement(old, extra, big, TARGET, None, frozenset(), waiting, "a", frozenset({"w-b", "w-c"}))
+
+
+def test_after_an_earlier_migration_an_entry_waits_on_the_worker_its_node_records():
+    """A kubeVersion bump killed after both requests, on IKS that no longer lists the first migration's deleted
+    workers: the batch-mates' current workers come from their nodes' records, so both still pair."""
+    from iks_gpu_migration.iks.claims import current_workers
+    bump = [worker("n-a", "deleting", "1.37.0_1600"), worker("n-b", "deleted", "1.37.0_1600"),
+            worker("w-c"), new("w-7"), new("w-3")]
+    recorded = {"n-a": "a", "n-b": "b"}  # the nodes of a's and b's first replacement, still there
+    current = current_workers(ENTRIES, recorded, bump)
+    assert current == {"a": "n-a", "b": "n-b", "c": "w-c"}
+    target_bump = {"zones": [{"id": "z1", "workerCount": 3}]}
+    picks = {}
+    for entry in ("a", "b"):
+        old = next(w for w in bump if w["id"] == current[entry])
+        waiting = waiting_entries(old, bump, entry, current, set())
+        got = find_replacement(old, bump, target_bump, "1.38", None, frozenset(), waiting, entry,
+                               frozenset(w for e, w in current.items() if e != entry))
+        picks[entry] = [w["id"] for w in got]
+    assert picks == {"a": ["w-3"], "b": ["w-7"]}
+    # Without the records only the configured workers count: IKS no longer lists them, nobody else waits.
+    assert current_workers(ENTRIES, {}, bump) == ENTRIES

@@ -122,6 +122,18 @@ def pair_new_workers(waiting: list[str], new: list[str]) -> dict[str, str]:
     return dict(zip(sorted(waiting), sorted(new)))
 
 
+def current_workers(configured: dict[str, str], recorded: dict[str, str], workers: list[dict]) -> dict[str, str]:
+    """Each entry's worker as it is now: after an earlier migration (e.g. a kubeVersion bump) that is the worker its
+    node records (`recorded`: worker ID -> entry, CONFIG_NAME_ANNOTATION), not the configured one, which IKS may
+    no longer list. Only workers IKS still lists count; otherwise the configured worker."""
+    listed = {w["id"] for w in workers}
+    current = dict(configured)
+    for worker_id, entry in sorted(recorded.items()):
+        if entry in current and worker_id in listed and current[entry] not in listed:
+            current[entry] = worker_id
+    return current
+
+
 def waiting_entries(old: dict, workers: list[dict], own: str, entries: dict[str, str], resolved: set[str],
                     busy: frozenset[str] = frozenset()) -> list[str]:
     """The config entries of `old`'s pool and zone that wait for a new worker: `own` (whose worker `old` is gone),

@@ -10,7 +10,8 @@ from ..common.waiting import WaitTimeout, optional_float, wait_for
 from ..kube.drain_budget import hold_for_budget
 from .api import IksApiError, IksClient
 from . import claims, pool_rules
-from .claims import failed_worker_error, find_replacement, record_entry, recorded_by_other_entries, waiting_entries
+from .claims import (current_workers, failed_worker_error, find_replacement, record_entry, recorded_by_other_entries,
+                     waiting_entries)
 from .master import wait_master_at
 from .provider import ReplacementError, Streak, _IksProvider, _log, _public, same_minor
 from .workers import describe_worker, is_deleted, is_deleting, is_deployed, is_failed, is_ready, primary_ip, worker_version
@@ -251,7 +252,8 @@ class _Run:
             pool_rules.CANARIES.adopt(self.cluster, self.claimant, cur)
         pool = self.client.get_worker_pool(self.cluster, cur.get("poolID")) if resumed else None
         recorded = recorded_by_other_entries(self.props) if resumed else {}
-        entries, own = self.props.get("entries") or {}, self.props.get("node_name")
+        configured, own = self.props.get("entries") or {}, self.props.get("node_name")
+        entries = current_workers(configured, recorded, workers)
         waiting = None
         if resumed and own in entries:
             claimed, pending = claims.CLAIMS.busy(self.cluster, self.claimant)
@@ -263,8 +265,8 @@ class _Run:
             waiting = waiting_entries(cur, workers, own, entries, {e for w, e in recorded.items() if w in live},
                                       claimed)
         others = self.others | frozenset(recorded) | claims.CLAIMS.taken(self.cluster, self.claimant)
-        candidates = find_replacement(cur, workers, pool, self.target, self.known, others, waiting, own,
-                                      frozenset(w for e, w in entries.items() if e != own))
+        not_new = frozenset(w for m in (configured, entries) for e, w in m.items() if e != own)
+        candidates = find_replacement(cur, workers, pool, self.target, self.known, others, waiting, own, not_new)
         new = claims.CLAIMS.claim(self.cluster, self.claimant, candidates)
         if new is None:
             return None
