@@ -7,6 +7,8 @@ KeyboardInterrupt stops the server and main() returns, after which the interpret
 
     python tests/provider_host.py KUBECONFIG [NODE NAMESPACE]  (prints "started" once the check runs)
 """
+import faulthandler
+import signal
 import sys
 from concurrent import futures
 from pathlib import Path
@@ -25,6 +27,7 @@ def create(kubeconfig: str, node: str = "n1", namespace: str = "gpu-pilot") -> N
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for the stacks if the host hangs
     pool = futures.ThreadPoolExecutor(max_workers=4)
     pool.submit(create, *sys.argv[1:4])
     print("started", flush=True)

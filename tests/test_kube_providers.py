@@ -980,6 +980,8 @@ def test_cancelled_up_deletes_the_rollback_check_pod(kube, kubeconfig, ns, n1):
     import signal
     import subprocess
     import sys
+    import tempfile
+    import time
     from pathlib import Path
 
     kube.add_node(n1, allocatable={ER: "1"}, unschedulable=True)
@@ -987,22 +989,34 @@ def test_cancelled_up_deletes_the_rollback_check_pod(kube, kubeconfig, ns, n1):
     pods.phase = None  # pods it gets stay Running
     kube.on_pod_create(ns, lambda pod: (pods(pod), kube.set_pod_status(ns, pod["metadata"]["name"], {
         "phase": "Running", "containerStatuses": [kube.container_status()]})))
+    # stderr goes to a file, never a pipe nobody reads (a full pipe would block the host's logging).
+    errors = tempfile.TemporaryFile(mode="w+")
     host = subprocess.Popen([sys.executable, str(Path(__file__).parent / "provider_host.py"), kubeconfig, n1, ns],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=errors, text=True)
     try:
         assert host.stdout.readline().strip() == "started"
 
         def running():
-            assert host.poll() is None, host.stderr.read()
+            assert host.poll() is None, _read(errors)
             return [p for p in kube.pods(ns) if p["status"].get("phase") == "Running"]
         [pod] = eventually(running, "the check pod running", timeout=30)
         host.send_signal(signal.SIGINT)
-        host.wait(timeout=60)
+        try:
+            host.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            host.send_signal(signal.SIGUSR1)  # provider_host.py: faulthandler prints every thread's stack
+            time.sleep(1)
+            raise AssertionError(f"the provider host did not end within 60 s of SIGINT:\n{_read(errors)}") from None
     finally:
         if host.poll() is None:
             host.kill()
     # The provider deleted it (nothing else deletes pods here; the kubelet's part finishes the graceful deletion).
     assert no_pods(kube, ns) and [p["metadata"]["uid"] for p in pods.created] == [pod["metadata"]["uid"]]
+
+
+def _read(file) -> str:
+    file.seek(0)
+    return file.read()[-20000:]
 
 
 def test_inventory_and_placement_run_again_on_every_up(kube, kubeconfig):

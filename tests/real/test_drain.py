@@ -305,3 +305,62 @@ def test_a_pod_its_deleted_daemonset_left_behind_is_refused_then_evicted_with_fo
     with pytest.raises(EvictionError, match=rf"{env.ns}/{pod}: declares no controller"):
         drain(env.node, env.settings())
     assert drain(env.node, env.settings(force=True))["evicted"] == [f"{env.ns}/{pod}"]
+
+
+# What a drain needs (kube/eviction.py, drain_listing.py): nothing more.
+DRAINER_RULES = [
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},  # cordon, its mark, the record
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "get", "delete"]},  # listing, waiting, finished pods
+    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+    {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["list"]},
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get"]},
+]
+
+
+def drainer_kubeconfig(env: Env, tmp_path) -> str:
+    """A ServiceAccount with only DRAINER_RULES, as a kubeconfig (a bound token from the TokenRequest API)."""
+    rbac = client.RbacAuthorizationV1Api(env.api)
+    env.core.create_namespaced_service_account(env.ns, {"metadata": {"name": "drainer"}})
+    rbac.create_cluster_role({"metadata": {"name": f"drainer-{env.id}"}, "rules": DRAINER_RULES})
+    rbac.create_cluster_role_binding({"metadata": {"name": f"drainer-{env.id}"}, "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"drainer-{env.id}"},
+        "subjects": [{"kind": "ServiceAccount", "name": "drainer", "namespace": env.ns}]})
+    token = env.core.create_namespaced_service_account_token("drainer", env.ns, {
+        "spec": {"expirationSeconds": 3600}}).status.token
+    cfg = json.loads(open(env.kubeconfig).read())
+    cfg["users"] = [{"name": "drainer", "user": {"token": token}}]
+    for ctx in cfg["contexts"]:
+        ctx["context"]["user"] = "drainer"
+    path = tmp_path / "drainer.kubeconfig"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_the_drain_needs_no_more_than_these_permissions(env, tmp_path):
+    """The whole drain (cordon, listing, DaemonSet lookup, a budget answer, evictions, a finished pod's delete, the
+    wait, the record) as a ServiceAccount holding only DRAINER_RULES: a call outside them would fail with 403."""
+    kubeconfig = drainer_kubeconfig(env, tmp_path)
+    try:
+        web = env.bound("web", 2)
+        env.policy.create_namespaced_pod_disruption_budget(env.ns, {"metadata": {"name": "web"}, "spec": {
+            "maxUnavailable": 0, "selector": {"matchLabels": {"app": "web"}}}})
+        eventually(lambda: env.policy.read_namespaced_pod_disruption_budget("web", env.ns).status.expected_pods == 2,
+                   "the disruption controller computed the budget")
+        env.apps.create_namespaced_daemon_set(env.ns, {"metadata": {"name": "agent"}, "spec": {
+            "selector": {"matchLabels": {"app": "agent"}}, "template": {"metadata": {"labels": {"app": "agent"}},
+                                                                       "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": env.node}, "containers": [{"name": "c", "image": "i"}]}}}})
+        eventually(lambda: env.on(env.node, "agent"), "the DaemonSet's pod")
+        settings = {**env.settings(timeout=2), "kubeconfig": kubeconfig}
+        with pytest.raises(EvictionError, match=rf"PodDisruptionBudget {env.ns}/web allows 0 disruptions"):
+            drain(env.node, settings)  # the budget named through the drainer's own `get`
+        env.policy.patch_namespaced_pod_disruption_budget("web", env.ns, {"spec": {"maxUnavailable": 2}})
+        eventually(lambda: env.policy.read_namespaced_pod_disruption_budget("web", env.ns).status.disruptions_allowed
+                   == 2, "the budget allows the drain")
+        result = drain(env.node, {**settings, "timeout": 60})
+        assert sorted(result["evicted"]) == sorted(f"{env.ns}/{n}" for n in web)
+        assert DRAIN_ANNOTATION in env.core.read_node(env.node).metadata.annotations
+    finally:
+        rbac = client.RbacAuthorizationV1Api(env.api)
+        rbac.delete_cluster_role_binding(f"drainer-{env.id}")
+        rbac.delete_cluster_role(f"drainer-{env.id}")
