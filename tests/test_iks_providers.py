@@ -50,6 +50,25 @@ def replace(emu: IksEmulator, worker_id: str, **overrides) -> dict:
     return WorkerReplacementProvider().create(replacement_props(emu, worker_id, **overrides)).outs
 
 
+def replace_together(emu: IksEmulator, olds: list[str], join_timeout: float = 40, **overrides) -> dict[str, object]:
+    """One replacement per worker in `olds`, concurrently (as the provider host runs a batch); each its outputs or
+    the exception it raised, asserted by the caller."""
+    results: dict[str, object] = {}
+
+    def run(old: str) -> None:
+        try:
+            results[old] = replace(emu, old, **{"timeout": 20, **overrides})
+        except Exception as e:  # noqa: BLE001 - asserted by the caller
+            results[old] = e
+
+    threads = [threading.Thread(target=run, args=(old,)) for old in olds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_timeout)
+    return results
+
+
 def live_workers(emu: IksEmulator) -> list[dict]:
     return [w for w in emu.workers.values() if w["lifecycle"]["desiredState"] == "deployed"]
 
@@ -279,19 +298,7 @@ def test_concurrent_replacements_in_one_pool_and_zone_each_claim_their_own_new_w
     (IKS links a new worker to nothing). Each claims one; none is followed twice, nothing is ambiguous."""
     olds = [emu.add_worker()["id"], emu.add_worker()["id"]]
     emu.replace_lag = 40  # both requests are in before either new worker shows (requests tick the emulator)
-    results: dict[str, object] = {}
-
-    def run(old: str) -> None:
-        try:
-            results[old] = replace(emu, old, timeout=20)
-        except Exception as e:  # noqa: BLE001 - asserted below
-            results[old] = e
-
-    threads = [threading.Thread(target=run, args=(old,)) for old in olds]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    results = replace_together(emu, olds, join_timeout=30)
     assert all(isinstance(r, dict) for r in results.values()), results
     new_ids = [results[old]["new_worker_id"] for old in olds]
     assert len(set(new_ids)) == 2 and not set(new_ids) & set(olds)

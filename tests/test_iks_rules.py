@@ -11,7 +11,7 @@ from iks_gpu_migration.iks.provider import ReplacementError
 from iks_gpu_migration.common.waiting import WaitTimeout
 from iks_gpu_migration.plan import iks_rules
 from tests.emulators.iks import IksEmulator
-from tests.test_iks_providers import live_workers, master_props, replace
+from tests.test_iks_providers import live_workers, master_props, replace, replace_together
 
 REPLACE = ("POST", "/v2/vpc/replaceWorker")
 PUT = ("PUT", "/v1/clusters/gpu-cluster")
@@ -199,23 +199,6 @@ def test_the_opt_out_lets_the_pool_pass(emu):
 
 
 # Canary per pool and zone ---------------------------------------------------------------------------------------
-
-def replace_together(emu: IksEmulator, olds: list[str], **overrides) -> dict[str, object]:
-    results: dict[str, object] = {}
-
-    def run(old: str) -> None:
-        try:
-            results[old] = replace(emu, old, **{"timeout": 20, **overrides})
-        except Exception as e:  # noqa: BLE001 - asserted by the caller
-            results[old] = e
-
-    threads = [threading.Thread(target=run, args=(old,)) for old in olds]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(40)
-    return results
-
 
 def test_the_canary_shows_its_new_worker_before_its_batch_mates_in_the_pool_and_zone_are_replaced(emu):
     olds = [emu.add_worker()["id"] for _ in range(3)]
