@@ -1,7 +1,9 @@
 """Small helpers for tests against the real API server."""
+import threading
 import time
 from typing import Callable, TypeVar
 
+from kubernetes import client
 from kubernetes.client import ApiException
 
 from gpu_migration_local.iks_nodes import node_info, node_resources
@@ -34,3 +36,24 @@ def kwok_node(name: str, labels: dict, annotations: dict | None = None, kubelet_
         "spec": {"taints": taints or []},
         "status": {"nodeInfo": node_info(kubelet_version), **node_resources()},
     }
+
+
+class ReadyReplicas:
+    """Samples a Deployment's ready replicas every 50 ms while the `with` block runs (e.g. a drain under its PDB)."""
+
+    def __init__(self, api, namespace: str, name: str) -> None:
+        apps, self.seen, self._stop = client.AppsV1Api(api), [], threading.Event()
+
+        def run():
+            while not self._stop.is_set():
+                self.seen.append(apps.read_namespaced_deployment(name, namespace).status.ready_replicas or 0)
+                time.sleep(0.05)
+        self._thread = threading.Thread(target=run, daemon=True)
+
+    def __enter__(self) -> "ReadyReplicas":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()

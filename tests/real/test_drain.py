@@ -13,7 +13,7 @@ from iks_gpu_migration.kube.cordon import CORDON_ANNOTATION
 from iks_gpu_migration.kube.eviction import EvictionError, drain
 from iks_gpu_migration.kube.records import DRAIN_ANNOTATION
 
-from .kube import eventually, kwok_node
+from .kube import ReadyReplicas, eventually, kwok_node
 
 UNSCHEDULABLE = {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}
 
@@ -217,9 +217,8 @@ def test_a_budget_is_named_with_its_allowed_disruptions_and_a_budget_that_allows
     env.policy.patch_namespaced_pod_disruption_budget("web", env.ns, {"spec": {"minAvailable": 1}})
     eventually(lambda: env.policy.read_namespaced_pod_disruption_budget("web", env.ns).status.disruptions_allowed
                == 1, "the budget allows one disruption")
-    ready = _watch_ready(env, "web")
-    result = drain(env.node, env.settings(timeout=60))
-    ready.stop()
+    with ReadyReplicas(env.api, env.ns, "web") as ready:
+        result = drain(env.node, env.settings(timeout=60))
     assert len(result["evicted"]) == 2 and not env.on(env.node, "web")
     assert min(ready.seen) >= 1, ready.seen  # never fewer ready replicas than the budget allows
 
@@ -256,26 +255,6 @@ def test_an_admins_cordon_is_left_in_place(env):
         drain(env.node, env.settings())
     node = env.core.read_node(env.node)
     assert node.spec.unschedulable and CORDON_ANNOTATION not in (node.metadata.annotations or {})
-
-
-class _watch_ready:
-    """Samples the Deployment's ready replicas while the drain runs."""
-
-    def __init__(self, env: Env, name: str) -> None:
-        self.seen: list[int] = []
-        self._stop = threading.Event()
-
-        def run():
-            while not self._stop.is_set():
-                dep = env.apps.read_namespaced_deployment(name, env.ns)
-                self.seen.append(dep.status.ready_replicas or 0)
-                time.sleep(0.05)
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def test_a_node_the_path_switch_holds_cordoned_keeps_that_cordon_when_the_drain_stops(env):

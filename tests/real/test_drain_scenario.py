@@ -2,14 +2,12 @@
 Deployment guarded by a PodDisruptionBudget, a bare pod and a pod with emptyDir data, `up` stops before anything is
 evicted, naming both pods and the opt-ins; opted in, `up` completes, and the Deployment never had fewer ready pods than
 its budget allows (the real disruption controller computes it; kwok runs the pods; the real scheduler places them)."""
-import threading
-import time
 
 import pytest
 from kubernetes import client
 from pulumi.automation import CommandError
 
-from .kube import eventually
+from .kube import ReadyReplicas, eventually
 from .scenario_env import A, B, C, WORKERS
 
 STAGES = {A: "device-plugin", B: "ibm-managed", C: "ibm-managed"}  # only A's worker is replaced
@@ -41,27 +39,6 @@ def workloads(env) -> str:
     return next(p.metadata.name for p in core.list_namespaced_pod("ml", label_selector="app=cache").items)
 
 
-class ReadyReplicas:
-    """Samples web's ready replicas for as long as `up` runs."""
-
-    def __init__(self, env) -> None:
-        apps, self.seen, self._stop = client.AppsV1Api(env.cluster.api_client), [], threading.Event()
-
-        def run():
-            while not self._stop.is_set():
-                self.seen.append(apps.read_namespaced_deployment("web", "ml").status.ready_replicas or 0)
-                time.sleep(0.05)
-        self._thread = threading.Thread(target=run, daemon=True)
-
-    def __enter__(self) -> "ReadyReplicas":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def test_up_refuses_to_lose_a_bare_pod_or_emptydir_data_then_drains_within_the_budget_once_opted_in(env):
     cache = workloads(env)
     env.project.write_stack(env.config(STAGES))
@@ -75,7 +52,7 @@ def test_up_refuses_to_lose_a_bare_pod_or_emptydir_data_then_drains_within_the_b
     assert len(pods) == 4 and all(p.spec.node_name == A and not p.metadata.deletion_timestamp for p in pods)
     assert env.iks.count("POST", REPLACE) == 0 and not env.node(A).spec.unschedulable  # its cordon undone
 
-    with ReadyReplicas(env) as ready:
+    with ReadyReplicas(env.cluster.api_client, "ml", "web") as ready:
         result, _ = env.up(STAGES, drain={"force": True, "deleteEmptyDirData": True})
     assert min(ready.seen) >= 1, ready.seen  # never below what the budget allows
     drained = result.outputs[f"node:{A}"].value["drained"]
