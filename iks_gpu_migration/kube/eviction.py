@@ -27,6 +27,7 @@ from ..common.waiting import WaitTimeout, optional_float, wait_for
 from ..plan.drain import DrainList, DrainOptions, Verdict, namespace_terminating, too_many
 from . import drain_listing
 from .cordon import CORDON_ANNOTATION
+from .provider import _short
 from .records import DRAIN_ANNOTATION, record_drain
 
 DEFAULT_GPU_RESOURCES = ("nvidia.com/gpu",)
@@ -132,7 +133,7 @@ def _undo_cordon_quietly(api, node: str) -> bool:
     except Exception as e:  # noqa: BLE001 - secondary to the error that stopped the drain or replacement
         if not (isinstance(e, ApiException) and e.status == 404):
             pulumi.log.warn(f"node {node}: the drain's cordon could not be undone ({e.__class__.__name__}: "
-                            f"{str(e)[:120]}); `kubectl uncordon {node}` if its worker is not to be replaced")
+                            f"{_short(e)}); `kubectl uncordon {node}` if its worker is not to be replaced")
         return False
     if undone:
         pulumi.log.info(f"node {node}: the drain's cordon was undone (its worker was not replaced)")
