@@ -123,3 +123,19 @@ def test_short_errors_keep_kubernetes_message():
     assert _short(forbidden('nodes "n" is forbidden: User "u" cannot patch resource "nodes"')) == \
         'HTTP 403 Forbidden: nodes "n" is forbidden: User "u" cannot patch resource "nodes"'
     assert _short(ApiException(status=500, reason="Internal Server Error")) == "HTTP 500 Internal Server Error"
+
+
+def test_an_eviction_refused_by_rbac_names_it_and_the_role(kube):
+    from iks_gpu_migration.kube.eviction import EvictionError, drain
+    from tests.test_node_eviction import running
+    node = kube.name("10.240.0.32")
+    kube.add_node(node)
+    running(kube, "web", node)
+    kubeconfig = kube.identity("evictor", without(role("gpu-migration")["rules"], "pods/eviction", "create"))
+    with pytest.raises(EvictionError) as refused:
+        drain(node, {"kubeconfig": kubeconfig, "timeout": 5, "poll_interval": 0.01})
+    message = str(refused.value)
+    user = f"system:serviceaccount:{kube.name('identities')}:evictor"
+    assert f'User "{user}" cannot create resource "pods/eviction" in API group ""' in message, message
+    assert "may not evict pods: bind the identity of gpu-migration:kubeconfig to the ClusterRole gpu-migration" in message
+    assert not kube.unschedulable(node)  # the drain's cordon undone

@@ -28,6 +28,7 @@ from ..plan.drain import DrainList, DrainOptions, Verdict, namespace_terminating
 from . import drain_listing
 from .cordon import CORDON_ANNOTATION
 from .provider import _short
+from .refusals import fix
 from .records import DRAIN_ANNOTATION, record_drain
 
 DEFAULT_GPU_RESOURCES = ("nvidia.com/gpu",)
@@ -373,8 +374,7 @@ def _fix_for(code: int, status: dict[str, Any]) -> str:
     if code == 403 and "DisruptionBudget" in json.dumps(status.get("details") or {}):
         return "Its PodDisruptionBudget refuses every eviction now: check its status (`kubectl describe pdb`)"
     if code == 403:
-        return ("The kubeconfig's user may not evict pods: it needs `create` on `pods/eviction` (and `list` on pods, "
-                "`get` on daemonsets) cluster-wide")
+        return f"The kubeconfig's user may not evict pods: {fix()}"
     return "Re-run `pulumi up` to retry"
 
 
