@@ -137,5 +137,6 @@ def test_an_eviction_refused_by_rbac_names_it_and_the_role(kube):
     message = str(refused.value)
     user = f"system:serviceaccount:{kube.name('identities')}:evictor"
     assert f'User "{user}" cannot create resource "pods/eviction" in API group ""' in message, message
-    assert "may not evict pods: bind the identity of gpu-migration:kubeconfig to the ClusterRole gpu-migration" in message
+    assert ("may not evict pods: bind the identity of gpu-migration:kubeconfig to the ClusterRole gpu-migration"
+            in message)
     assert not kube.unschedulable(node)  # the drain's cordon undone
