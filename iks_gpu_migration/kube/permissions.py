@@ -2,9 +2,10 @@
 (iks_gpu_migration/rbac/gpu-migration.yaml) checked before anything changes, each missing one named.
 
 It asks the API server itself, one SelfSubjectAccessReview per verb and resource (what `kubectl auth can-i` does): its
-answer is the authorizer's decision, which a SelfSubjectRulesReview's is not (its API documentation: "should NOT be
-used by external systems to drive authorization decisions"; incomplete under webhook authorizers). Every
-authenticated user may create both (the system:basic-user ClusterRole).
+answer is the authorizer's decision, which a SelfSubjectRulesReview's is not ("may be incomplete depending on the
+server's authorization mode ... should NOT Be used by external systems to drive authorization decisions", k8s.io/api
+authorization/v1 types.go). Every authenticated user may create both (the system:basic-user ClusterRole, kubernetes
+plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go).
 """
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
