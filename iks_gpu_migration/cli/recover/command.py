@@ -1,0 +1,267 @@
+"""`recover`: read everything, decide (adopt.py, holders.py), show the plan; with --yes, back up the state and act."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import pathlib
+import socket
+import sys
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterator, Optional
+
+from . import backup
+from .adopt import (HELM_RELEASE, Step, adopt_pending, decide_object, decide_release, never_read, pending_creates,
+                    provider_id, with_force)
+from .backend import broken_sidecars, file_root, kind, parse_time, read_locks
+from .cluster import Cluster
+from .holders import CancelDecision, Holder, decide_cancel, judge_lock, project_processes
+from .processes import process_table, read_proc
+from .stack import PROJECT, Cli, RecoverError, foreign_urns, project_dir, stack_name
+
+Out = Callable[[str], None]
+
+
+def stack_kubeconfig(cli: Cli, project: pathlib.Path, flag: Optional[str]) -> Optional[str]:
+    """The stack's `gpu-migration:kubeconfig` (relative to the project directory, as the program reads it): the
+    refresh reads the cluster through the stack's provider, so recover reads that cluster too. Without it, --kubeconfig
+    or the ambient KUBECONFIG / ~/.kube/config, as the program's default provider does."""
+    configured = cli.config(f"{PROJECT}:kubeconfig")
+    if not configured:
+        return flag
+    path = (project / configured).resolve()
+    if flag and pathlib.Path(flag).resolve() != path:
+        raise RecoverError(f"--kubeconfig {flag} is not the stack's {PROJECT}:kubeconfig ({configured}): the "
+                           f"refresh reads the stack's cluster, so recover reads that one too; drop --kubeconfig")
+    return str(path)
+
+
+class Recovery:
+    def __init__(self, stack: str, cli: Cli, project: pathlib.Path, out: Out, kubeconfig: Optional[str],
+                 yes: bool, force: bool) -> None:
+        self.stack, self.cli, self.project, self.out = stack, cli, project, out
+        self.name, self.kubeconfig_flag, self.yes, self.force = stack_name(stack), kubeconfig, yes, force
+        self._cluster: Optional[Cluster] = None
+
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            self._cluster = Cluster(self.kubeconfig)
+        return self._cluster
+
+    def run(self) -> int:
+        url = self.cli.backend_url()
+        self.backend, self.root = kind(url), file_root(url) if url.startswith("file://") else None
+        if self.root is not None and not self.repair_sidecars():
+            return 0
+        self.export_text, self.document = self.cli.export()
+        deployment = self.document.get("deployment") or {}
+        foreign = foreign_urns(deployment, self.name)
+        if foreign:
+            raise RecoverError(f"the state of stack {self.stack} holds URNs of another project or stack ("
+                               f"{', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}); recover works on "
+                               f"urn:pulumi:{self.name}::{PROJECT}::... only and changed nothing")
+        self.kubeconfig = stack_kubeconfig(self.cli, self.project, self.kubeconfig_flag)
+        if not deployment.get("pending_operations"):
+            return self.no_pending(deployment)
+        return self.resolve(deployment)
+
+    def repair_sidecars(self) -> bool:
+        """False (stop) in a dry run that found a sidecar to remove: the stack can't be read before."""
+        for attrs in broken_sidecars(self.root, self.name):
+            if not self.yes:
+                self.out(f"would remove {attrs}: the kill cut its write short (empty or partial), so the stack can't "
+                         f"be read (a missing one reads as default attributes; `rm {attrs}` does the same). The rest "
+                         f"of the plan shows once it is gone.")
+                return False
+            attrs.unlink()
+            self.out(f"removed {attrs}: the kill cut its write short (empty or partial), so the stack could not be "
+                     f"read")
+        return True
+
+    # --- the plan ---------------------------------------------------------------------------------------------
+
+    def holders(self, now: datetime) -> list[Holder]:
+        if self.root is None:
+            return []
+        host = socket.gethostname()
+        return [judge_lock(lock, host, read_proc(lock.pid) if lock.pid else None, now)
+                for lock in read_locks(self.root, self.name)]
+
+    def killed_start(self, holders: list[Holder], in_progress: Optional[str]) -> tuple[Optional[datetime], str]:
+        """When the killed update started, from a clock this host's Helm shares: its lock file's timestamp (the CLI
+        writes it when it takes the stack, pkg/backend/diy/lock.go), or the start Pulumi Cloud reports."""
+        stamps = [h.lock.timestamp for h in holders if h.state != "live" and h.lock.timestamp]
+        if stamps:
+            return max(stamps), "from its lock file"
+        if in_progress:
+            return parse_time(in_progress), "the start of the update Pulumi Cloud reports in progress"
+        if self.backend == "file":
+            return None, "the stack has no lock file left: was `pulumi cancel` run already?"
+        return None, "this backend's lock files are not read here"
+
+    def decide(self, deployment: dict[str, Any]) -> tuple[CancelDecision, list[Step], tuple]:
+        now = datetime.now(timezone.utc)
+        holders = self.holders(now)
+        in_progress = None
+        if self.backend == "cloud":
+            in_progress = self.cli.update_in_progress_since()
+        procs = project_processes(process_table(), str(self.project), self.name, os.getpid())
+        cancel = decide_cancel(self.backend, holders, procs, in_progress, self.name)
+        start, source = self.killed_start(holders, in_progress)
+        steps = [self.decide_create(r, start, source) for r in pending_creates(deployment)]
+        return cancel, steps, (start, source)
+
+    def decide_create(self, resource: dict[str, Any], start: Optional[datetime], source: str) -> Step:
+        rid = provider_id(resource)
+        if rid is None:
+            return decide_object(resource, None)
+        namespace, _, name = rid.rpartition("/")
+        with self.kube_errors(f"reading {rid}", "nothing changed"):
+            if resource["type"] == HELM_RELEASE:
+                return decide_release(resource, self.cluster().helm_records(namespace, name), start, source)
+            return decide_object(resource, self.cluster().managed_fields(resource, namespace or None, name))
+
+    @contextlib.contextmanager
+    def kube_errors(self, what: str, state: str) -> Iterator[None]:
+        """A failed cluster call as one RecoverError naming the kubeconfig (the client raises many kinds)."""
+        try:
+            yield
+        except RecoverError:
+            raise
+        except Exception as e:  # noqa: BLE001 - ApiException, urllib3 errors, ConfigException, ...
+            source = self.kubeconfig or "KUBECONFIG / ~/.kube/config"
+            raise RecoverError(f"{what} from the cluster of {source} failed ({' '.join(str(e).split())[:300]}); "
+                               f"{state}") from None
+
+    def show(self, deployment: dict[str, Any], cancel: CancelDecision, steps: list[Step], start: tuple) -> None:
+        ops = deployment["pending_operations"]
+        when = f"started {start[0].isoformat(timespec='seconds')}, {start[1]}" if start[0] else start[1]
+        self.out(f"stack {self.stack} ({self.project}): {len(ops)} pending operation(s) of a killed update ({when})")
+        self.out(f"  - {cancel.why}" + (f" [needs --force: {cancel.needs_force}]" if cancel.needs_force else ""))
+        for s in steps:
+            if s.action == "adopt":
+                text = f"adopt {s.urn} as {s.id}: {s.why}"
+            elif s.action == "remove-records":
+                text = (f"remove Helm record(s) {', '.join(f'{s.namespace}/{r}' for r in s.records)} of {s.urn}: "
+                        f"{s.why}; the next `up` installs it again (Helm adopts the objects it had made)")
+            else:
+                text = f"clear {s.urn}: {s.why}"
+            self.out(f"  - {'needs --force: ' if s.forced else ''}{text}")
+        for op in ops:
+            if op.get("type") != "creating":
+                self.out(f"  - drop pending {op.get('type')} of {op['resource']['urn']}: the next `up` reads it anew")
+
+    # --- doing ------------------------------------------------------------------------------------------------
+
+    def resolve(self, deployment: dict[str, Any]) -> int:
+        cancel, steps, start = self.decide(deployment)
+        self.show(deployment, cancel, steps, start)
+        taken, refused = with_force(steps, self.force)
+        if cancel.blockers:
+            self.out("stopped, nothing changed: " + "\n  ".join(cancel.blockers))
+            return 1
+        if (refused or cancel.needs_force) and not self.force:
+            what = [s.urn for s in refused] + (["`pulumi cancel`"] if cancel.needs_force else [])
+            self.out(f"stopped, nothing changed: {len(what)} item(s) above need --force ({', '.join(what)}); check "
+                     f"what each says, then run again with --force to accept them")
+            return 1
+        if not self.yes:
+            self.out("dry run: nothing changed. Run again with --yes to do the above (recover first writes a backup "
+                     "of the state).")
+            return 0
+        self.write_backup()
+        for s in taken:
+            if s.action == "remove-records":
+                with self.kube_errors(f"removing the Helm records of {s.urn}", "the state is unchanged"):
+                    self.cluster().remove_records(s.namespace, s.records)
+                self.out(f"removed Helm record(s) {', '.join(s.records)} of {s.urn}")
+        if cancel.cancel:
+            done = self.cli.run("cancel", "--yes")
+            if done.returncode != 0:
+                raise RecoverError(f"pulumi cancel --stack {self.stack} failed; the state is unchanged: "
+                                   f"{(done.stdout + done.stderr).strip()[-1500:]}")
+            self.out("cancelled the killed update (`pulumi cancel`)")
+        self.cli.import_state({**self.document, "deployment": adopt_pending(deployment, taken)})
+        for s in taken:
+            if s.action == "adopt":
+                self.out(f"adopted {s.urn} as {s.id}" + (f" (field manager {s.field_manager})"
+                                                         if s.field_manager else ""))
+        return self.refresh("pending operations resolved")
+
+    def write_backup(self) -> None:
+        path = backup.write(self.project, self.name, self.export_text)
+        self.restore = backup.restore_command(self.stack, path)
+        self.out(f"backup of the state before this change: {path}\n  restore it (in {self.project}) with: "
+                 f"{self.restore}")
+
+    def refresh(self, what: str) -> int:
+        """Read every adopted resource from the cluster (one gone is dropped, the next `up` creates it) and the rest
+        of the stack from reality, as after any interruption."""
+        done = self.cli.run("refresh", "--yes", "--skip-preview")
+        if done.returncode != 0:
+            self.out(f"error: pulumi refresh --stack {self.stack} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+                     f"\nThe state holds the adopted resources without what the cluster has (no outputs): fix the "
+                     f"cause and run recover --yes again, which redoes the refresh; or put the state back with: "
+                     f"{self.restore}")
+            return 1
+        self.out(f"stack {self.stack}: {what}; run `pulumi up --stack {self.stack}` to continue")
+        return 0
+
+    def no_pending(self, deployment: dict[str, Any]) -> int:
+        now = datetime.now(timezone.utc)
+        for h in self.holders(now):
+            hint = "an update runs" if h.state == "live" else \
+                f"recover only cancels with pending operations: `pulumi cancel --stack {self.stack} --yes` removes it"
+            self.out(f"the stack's lock is {h.why} ({hint})")
+        unread = never_read(deployment)
+        if not unread:
+            self.out(f"stack {self.stack}: no pending operations; run `pulumi up --stack {self.stack}`")
+            return 0
+        last = backup.latest(self.project, self.name)
+        self.restore = backup.restore_command(self.stack, last) if last else "(no backup of recover's in this project)"
+        self.out(f"stack {self.stack}: {len(unread)} adopted resource(s) were never read from the cluster (the refresh "
+                 f"after recover's import did not finish), so `pulumi up` would diff them against nothing: "
+                 f"{', '.join(unread)}")
+        if not self.yes:
+            self.out(f"dry run: nothing changed. Run again with --yes to redo the refresh (after a backup), or put "
+                     f"the state from before recover back with: {self.restore}")
+            return 0
+        self.write_backup()
+        return self.refresh("adopted resources read")
+
+
+def recover(stack: str, pulumi: str = "pulumi", env: Optional[dict] = None, out: Out = print,
+            kubeconfig: Optional[str] = None, cwd: Optional[str] = None, yes: bool = False,
+            force: bool = False) -> int:
+    """Resolve what a killed `pulumi up` left in `stack` of the project in `cwd` (default: the working directory).
+    A dry run unless `yes`; 0 when done (or, in a dry run, when --yes would do the plan shown), 1 when stopped."""
+    try:
+        project = project_dir(pathlib.Path(cwd or os.getcwd()))
+        recovery = Recovery(stack, Cli(pulumi, stack, env, str(project)), project, out, kubeconfig, yes, force)
+        return recovery.run()
+    except RecoverError as e:
+        out(f"error: {e}")
+        return 1
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m iks_gpu_migration.cli.recover",
+                                     description="Resolve what a killed `pulumi up` left in a stack (dry run unless "
+                                                 "--yes). docs/recovery.md has the details.")
+    parser.add_argument("--stack", required=True)
+    parser.add_argument("--yes", action="store_true", help="act (default: show what would be done, change nothing)")
+    parser.add_argument("--force", action="store_true",
+                        help="also do what the dry run marks `needs --force` (objects this stack can't be shown to "
+                             "have made; a cancel whose lock holder can't be checked)")
+    parser.add_argument("--project-dir", "--cwd", dest="project_dir",
+                        help="the project directory (Pulumi.yaml of gpu-migration; default: the working directory)")
+    parser.add_argument("--pulumi", default="pulumi", help="the pulumi CLI (default: from PATH)")
+    parser.add_argument("--kubeconfig", help="the cluster's kubeconfig when the stack sets no gpu-migration:kubeconfig "
+                                             "(default: KUBECONFIG / ~/.kube/config)")
+    args = parser.parse_args(argv)
+    return recover(args.stack, args.pulumi, kubeconfig=args.kubeconfig, cwd=args.project_dir, yes=args.yes,
+                   force=args.force)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
