@@ -20,6 +20,7 @@ import subprocess
 import time
 import uuid
 from datetime import datetime
+from typing import Optional
 
 import pulumi
 from kubernetes import client
@@ -27,10 +28,12 @@ from kubernetes import client
 from iks_gpu_migration.components.charts import helm_release
 from iks_gpu_migration.config import HelmChart
 from iks_gpu_migration.cli.recover import recover
+from iks_gpu_migration.cli.recover.holders import is_pulumi
+from iks_gpu_migration.cli.recover.processes import read_proc
 
 from .kube import eventually
 from .project import meaningful, planned_changes
-from .scenario_env import A, B, PILOT_STAGES, WORKERS, interrupted_up, new_name
+from .scenario_env import A, B, PILOT_STAGES, WORKERS, cli_processes, interrupted_up, new_name
 CHART_YAML = "apiVersion: v2\nname: recover-probe\nversion: 0.1.0\n"
 CONFIGMAP = ("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-made\n"
              "data:\n  release: {{ .Release.Name }}\n")
@@ -239,14 +242,18 @@ def test_recover_adopts_only_what_the_killed_up_made(cluster, project, tmp_path)
 SMOKE_LABEL = "app.kubernetes.io/name=gpu-smoke-test"
 
 
-def killed_up(env, when, what: str, **extra):
+def killed_up(env, when, what: str, leftovers: Optional[list[int]] = None, **extra):
     """`pulumi up` of the pilot (A dra, B device-plugin, C ibm-managed; A and B in one batch, same pool and zone)
-    SIGKILLed once `when()` holds, its leftover plugin processes ended as docs/recovery.md says; returns the stack."""
+    SIGKILLed once `when()` holds; returns the stack. The killed CLI's plugin processes live on: they are ended by
+    their PIDs, or left running with their PIDs in `leftovers`."""
     env.project.write_stack(env.config(PILOT_STAGES, maxUnavailable=2, **extra))
     stack = env.project.stack()
     plugins: list[int] = []
     interrupted_up(stack, when, what, "SIGKILL", timeout=180, plugins=plugins)
     assert plugins, "the killed CLI had no plugin processes"
+    if leftovers is not None:
+        leftovers += plugins
+        return stack
     for pid in plugins:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -254,12 +261,15 @@ def killed_up(env, when, what: str, **extra):
 
 
 def recover_then_one_up(env, stack):
-    """The documented recovery: `recover`, then one `up`, which must succeed; returns its result."""
-    pulumi_cli, cli_env = env.project.engine.cli()
-    lines: list[str] = []
-    assert recover("local", pulumi_cli, cli_env, out=lines.append, kubeconfig=str(env.cluster.kubeconfig),
-                   cwd=str(env.project.dir)) == 0, lines
-    print("\n".join(lines))
+    """The documented recovery: `recover` (a dry run, which changes nothing), `recover --yes`, then one `up`, which
+    must succeed; returns its result. recover reads the cluster of the stack's `gpu-migration:kubeconfig` (there is
+    no ambient kubeconfig here)."""
+    killed = stack.export_stack().deployment
+    code, text = run_recover(env.project, "local")
+    assert code == 0 and "dry run: nothing changed" in text, text
+    assert stack.export_stack().deployment == killed
+    code, text = run_recover(env.project, "local", yes=True)
+    assert code == 0, text
     result = stack.up(on_output=print)
     assert result.summary.result == "succeeded"
     return result
@@ -267,11 +277,38 @@ def recover_then_one_up(env, stack):
 
 def test_killed_after_both_batch_mates_requested_their_replacement_converges(env):
     """Both replaceWorker calls of a batch (same pool and zone) are in, then SIGKILL: the new workers are linked to
-    nothing. The resumed replacements pair them deterministically; neither stops as ambiguous."""
+    nothing. The resumed replacements pair them deterministically; neither stops as ambiguous. Before the kill, while
+    the update runs, recover stops and names it; after, it stops and names the killed CLI's plugins still running."""
     env.iks.stick_new_workers = True  # both new workers stay provisioning until the kill is done
-    stack = killed_up(env, lambda: env.iks.count("POST", "/v2/vpc/replaceWorker") == 2, "both replaceWorker calls")
+    running: dict = {}
+
+    def both_calls_then_recover():
+        if env.iks.count("POST", "/v2/vpc/replaceWorker") != 2:
+            return False
+        running["cli"] = cli_processes()
+        running["runs"] = [run_recover(env.project, "local"), run_recover(env.project, "local", yes=True)]
+        return True
+
+    leftovers: list[int] = []
+    stack = killed_up(env, both_calls_then_recover, "both replaceWorker calls", leftovers)
+    [cli] = running["cli"]
+    for code, text in running["runs"]:
+        assert code == 1 and "stopped, nothing changed" in text, text
+        assert re.search(rf"held by a running update: \S+ \(pid {cli}\) since", text), text
+        assert f"pid {cli} `" in text  # the CLI itself, among the project's processes
+    assert not (env.project.dir / ".recover-backups").exists()
     time.sleep(1)  # a third replaceWorker would show now (the kill came right after the second)
     assert sorted(env.iks.replaced) == sorted([WORKERS[A], WORKERS[B]]), env.iks.replaced
+
+    # The killed CLI's plugins still run: recover names them and stops; they are ended by the PIDs it names.
+    code, text = run_recover(env.project, "local")
+    plugins = [pid for pid in leftovers if (p := read_proc(pid)) and is_pulumi(p.argv)]
+    assert plugins and code == 1 and all(f"pid {pid} `" in text for pid in plugins), (plugins, text)
+    named = [int(pid) for pid in re.search(r"end them \(`kill ([\d ]+)`\)", text).group(1).split()]
+    assert sorted(named) == sorted(plugins)
+    for pid in named:
+        os.kill(pid, signal.SIGKILL)
+    eventually(lambda: not any(read_proc(pid) for pid in named), "the named processes to end")
     env.iks.stuck.clear()
     env.iks.stick_new_workers = False
     result = recover_then_one_up(env, stack)

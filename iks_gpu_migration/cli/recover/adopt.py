@@ -111,15 +111,16 @@ def decide_release(resource: dict[str, Any], records: list[HelmRecord], killed_s
                              f"({start_source}), so recover can't tell whether this stack installed it")
     elif first is None or first < killed_start:
         forced, why = True, (f"first deployed {_when(first)}, before the killed update started ({_when(killed_start)}"
-                             f", {start_source}): this stack did not install it, and once adopted a later stage "
-                             f"change or destroy deletes it")
+                             f", {start_source}): this stack did not install it")
     else:
         forced, why = False, f"first deployed {_when(first)}, after the killed update started ({_when(killed_start)})"
     stuck = tuple(r.secret for r in records if r.status == "pending-install")
     if stuck and len(stuck) == len(records):
-        return Step(urn, "remove-records", f"its install was killed (pending-install); {why}",
+        risk = "; removing its record drops another's install" if forced else ""
+        return Step(urn, "remove-records", f"its install was killed (pending-install); {why}{risk}",
                     records=stuck, namespace=namespace, forced=forced)
-    return Step(urn, "adopt", why, rid, forced=forced)
+    risk = "; once adopted, a later stage change or destroy deletes it" if forced else ""
+    return Step(urn, "adopt", why + risk, rid, forced=forced)
 
 
 def _when(t: Optional[datetime]) -> str:

@@ -88,9 +88,12 @@ class Recovery:
                 for lock in read_locks(self.root, self.name)]
 
     def killed_start(self, holders: list[Holder], in_progress: Optional[str]) -> tuple[Optional[datetime], str]:
-        """When the killed update started, from a clock this host's Helm shares: its lock file's timestamp (the CLI
-        writes it when it takes the stack, pkg/backend/diy/lock.go), or the start Pulumi Cloud reports."""
-        stamps = [h.lock.timestamp for h in holders if h.state != "live" and h.lock.timestamp]
+        """When the killed update started: its lock file's timestamp (its CLI writes it when it takes the stack,
+        pkg/backend/diy/lock.go, by the clock of the machine whose provider plugin ran Helm and stamped the release),
+        or the start Pulumi Cloud reports."""
+        if any(h.state == "live" for h in holders):
+            return None, "an update that runs holds the stack"
+        stamps = [h.lock.timestamp for h in holders if h.lock.timestamp]
         if stamps:
             return max(stamps), "from its lock file"
         if in_progress:
@@ -136,7 +139,8 @@ class Recovery:
     def show(self, deployment: dict[str, Any], cancel: CancelDecision, steps: list[Step], start: tuple) -> None:
         ops = deployment["pending_operations"]
         when = f"started {start[0].isoformat(timespec='seconds')}, {start[1]}" if start[0] else start[1]
-        self.out(f"stack {self.stack} ({self.project}): {len(ops)} pending operation(s) of a killed update ({when})")
+        self.out(f"stack {self.stack} ({self.project}): {len(ops)} pending operation(s) of an update that did not "
+                 f"finish ({when})")
         self.out(f"  - {cancel.why}" + (f" [needs --force: {cancel.needs_force}]" if cancel.needs_force else ""))
         for s in steps:
             if s.action == "adopt":

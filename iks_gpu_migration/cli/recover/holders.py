@@ -32,7 +32,8 @@ class Proc:
     started: float  # seconds since the epoch
 
     def command(self) -> str:
-        return " ".join(self.argv)[:120]
+        """The command line with the program's base name, cut at 100 characters."""
+        return " ".join([os.path.basename(self.argv[0]), *self.argv[1:]])[:100] if self.argv else "?"
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,11 @@ def decide_cancel(backend: str, holders: list[Holder], procs: list[Proc], in_pro
                         + "; ".join(f"pid {p.pid} `{p.command()}`" for p in procs)
                         + f". If they are left from the killed update, end them (`kill {pids}`) and run recover "
                         f"again; if an update runs, let it finish")
+    live = [h for h in holders if h.state == "live"]
     blockers += [f"the stack is {h.why}: let it finish (or end it, `kill {h.lock.pid}`, if it hangs), then run "
-                 f"recover again" for h in holders if h.state == "live"]
+                 f"recover again" for h in live]
+    if live:
+        return CancelDecision(False, "no `pulumi cancel`: an update that runs holds the stack", tuple(blockers))
     if backend == "file":
         if not holders:
             return CancelDecision(False, "no `pulumi cancel`: the stack has no lock", tuple(blockers))

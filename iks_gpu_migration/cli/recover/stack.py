@@ -115,14 +115,17 @@ class Cli:
         return json.loads(done.stdout).get("value")
 
     def update_in_progress_since(self) -> Optional[str]:
-        """The start of an update the backend reports as still running (`pulumi stack history --json`: result
-        `in-progress`, pkg/cmd/pulumi/stack/stack_history.go; only Pulumi Cloud records a running update)."""
+        """When the update the backend reports as still running started, "" if it reports none, None if it can't
+        be asked (`pulumi stack history --json`: result `in-progress`, pkg/cmd/pulumi/stack/stack_history.go; only
+        Pulumi Cloud records a running update)."""
         done = self.run("stack", "history", "--json", "--page-size", "5")
         try:
-            updates = json.loads(done.stdout) if done.returncode == 0 else []
+            updates = json.loads(done.stdout) if done.returncode == 0 else None
         except ValueError:
+            updates = None
+        if not isinstance(updates, list):
             return None
-        return next((u.get("startTime") for u in updates or [] if u.get("result") == "in-progress"), None)
+        return next((u.get("startTime") or "?" for u in updates if u.get("result") == "in-progress"), "")
 
 
 def _tail(done: subprocess.CompletedProcess) -> str:
