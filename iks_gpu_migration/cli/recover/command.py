@@ -90,7 +90,9 @@ class Recovery:
     def killed_start(self, holders: list[Holder], in_progress: Optional[str]) -> tuple[Optional[datetime], str]:
         """When the killed update started: its lock file's timestamp (its CLI writes it when it takes the stack,
         pkg/backend/diy/lock.go, by the clock of the machine whose provider plugin ran Helm and stamped the release),
-        or the start Pulumi Cloud reports."""
+        or the start Pulumi Cloud reports. Nothing else dates it: a pending operation carries no time (the engine sets
+        `created` once the provider's Create returned, pkg/resource/deploy/step.go), and a DIY backend records an
+        update in its history only when it ends (pkg/backend/diy/backend.go apply, addToHistory)."""
         if any(h.state == "live" for h in holders):
             return None, "an update that runs holds the stack"
         stamps = [h.lock.timestamp for h in holders if h.lock.timestamp]
