@@ -490,6 +490,9 @@ def test_an_empty_checkpoint_sidecar_left_by_a_kill_is_removed_only_with_yes(kil
     stacks.mkdir(parents=True)
     for name, text in [("pilot.json.attrs", ""), ("pilot.json.bak.attrs", '{"md5": "x"}'), ("other.json.attrs", "")]:
         (stacks / name).write_text(text)
+    webshop = killed.backend / ".pulumi" / "stacks" / "webshop"  # another project's stack `pilot` in this backend
+    webshop.mkdir()
+    (webshop / "pilot.json.attrs").write_text("")
     assert broken_sidecars(killed.backend, "pilot") == [stacks / "pilot.json.attrs"]
     code, text = killed.recover()
     assert code == 0 and f"would remove {stacks / 'pilot.json.attrs'}" in text
@@ -497,6 +500,7 @@ def test_an_empty_checkpoint_sidecar_left_by_a_kill_is_removed_only_with_yes(kil
     code, text = killed.recover(yes=True)
     assert code == 0 and f"removed {stacks / 'pilot.json.attrs'}" in text
     assert sorted(p.name for p in stacks.iterdir()) == ["other.json.attrs", "pilot.json.bak.attrs"]
+    assert (webshop / "pilot.json.attrs").exists()
 
 
 def test_lock_files_of_both_layouts_are_read(tmp_path):
@@ -540,3 +544,13 @@ def test_the_cluster_reads_managed_fields_and_helm_records_from_a_real_api_serve
         "sh.helm.release.v1.op.v1", 1, "pending-install", datetime(2026, 12, 3, 11, 58, 0, 123456, tzinfo=timezone.utc))]
     cluster.remove_records(ns, ("sh.helm.release.v1.op.v1",))
     assert cluster.helm_records(ns, "op") == []
+
+
+def test_an_import_refused_after_the_cancel_says_what_was_done(killed):
+    killed.kube.records["gpu-operator/gpu-operator"] = [record("pending-install", datetime.now(timezone.utc))]
+    killed.set(rc={"stack": 1}, err={"stack": "error: state file contains errors"})
+    code, text = killed.recover(yes=True)
+    assert code == 1 and "refused the resolved state; the state is unchanged" in text
+    assert "Done before that: removed Helm record(s) sh.helm.release.v1.gpu-operator.v1" in text
+    assert "cancelled the killed update" in text and "Run recover again" in text
+    assert "refresh" not in killed.commands()

@@ -65,13 +65,13 @@ def read_locks(root: pathlib.Path, stack: str) -> list[Lock]:
 
 
 def broken_sidecars(root: pathlib.Path, stack: str) -> list[pathlib.Path]:
-    """Unreadable sidecars `<stack>.json*.attrs` of the stack's checkpoint. gocloud.dev's fileblob (the file backend's
+    """Unreadable sidecars `<project>/<stack>.json*.attrs` of the stack's checkpoint (this project's only). gocloud.dev's fileblob (the file backend's
     storage) writes that sidecar (os.Create, then its JSON) before it renames the new checkpoint into place
     (blob/fileblob/fileblob.go writerWithSidecar.Close, attrs.go setAttrs): a kill in between leaves it empty, the
     checkpoint beside it whole, and every command fails with "failed to load checkpoint: EOF" (attrs.go getAttrs
     decodes it). A missing sidecar reads as default attributes (getAttrs), so removing it is safe."""
     broken = []
-    for attrs in sorted((root / ".pulumi" / "stacks").glob(f"*/{stack}.json*.attrs")):
+    for attrs in sorted((root / ".pulumi" / "stacks" / PROJECT).glob(f"{stack}.json*.attrs")):
         try:
             json.loads(attrs.read_text())
         except ValueError:

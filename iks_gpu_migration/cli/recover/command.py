@@ -176,23 +176,36 @@ class Recovery:
                      "of the state).")
             return 0
         self.write_backup()
+        done: list[str] = []
+        try:
+            self.act(deployment, cancel, taken, done)
+        except RecoverError as e:
+            if done:
+                raise RecoverError(f"{e}\nDone before that: {'; '.join(done)}. Run recover again: it plans from what "
+                                   f"is left (the state from before: {self.restore})") from None
+            raise
+        return self.refresh("pending operations resolved")
+
+    def act(self, deployment: dict[str, Any], cancel: CancelDecision, taken: list[Step], done: list[str]) -> None:
+        """Remove the killed installs' records, cancel, import; `done` says what happened, should a later step fail."""
         for s in taken:
             if s.action == "remove-records":
                 with self.kube_errors(f"removing the Helm records of {s.urn}", "the state is unchanged"):
                     self.cluster().remove_records(s.namespace, s.records)
-                self.out(f"removed Helm record(s) {', '.join(s.records)} of {s.urn}")
+                done.append(f"removed Helm record(s) {', '.join(s.records)} of {s.urn}")
+                self.out(done[-1])
         if cancel.cancel:
-            done = self.cli.run("cancel", "--yes")
-            if done.returncode != 0:
+            run = self.cli.run("cancel", "--yes")
+            if run.returncode != 0:
                 raise RecoverError(f"pulumi cancel --stack {self.stack} failed; the state is unchanged: "
-                                   f"{(done.stdout + done.stderr).strip()[-1500:]}")
-            self.out("cancelled the killed update (`pulumi cancel`)")
+                                   f"{(run.stdout + run.stderr).strip()[-1500:]}")
+            done.append("cancelled the killed update (`pulumi cancel`)")
+            self.out(done[-1])
         self.cli.import_state({**self.document, "deployment": adopt_pending(deployment, taken)})
         for s in taken:
             if s.action == "adopt":
                 self.out(f"adopted {s.urn} as {s.id}" + (f" (field manager {s.field_manager})"
                                                          if s.field_manager else ""))
-        return self.refresh("pending operations resolved")
 
     def write_backup(self) -> None:
         path = backup.write(self.project, self.name, self.export_text)
