@@ -182,8 +182,10 @@ def test_the_processes_that_count_work_in_the_project_directory_for_this_stack()
         Proc(30, 1, ("python3", "-u", "-m", "pulumi.dynamic", "127.0.0.1:2"), "/proj", 0.0),  # orphaned plugin
         Proc(40, 1, ("/h/pulumi-resource-kubernetes",), "/elsewhere", 0.0),  # another project's
         Proc(50, 1, ("bash",), "/proj", 0.0),  # the operator's shell
-        Proc(60, 1, ("/bin/pulumi", "up", "--stack", "pilot"), "/proj", 0.0)]}  # recover itself (self_pid)
-    assert [p.pid for p in project_processes(table, "/proj", "pilot", 60)] == [10, 11, 30]
+        Proc(60, 1, ("/bin/pulumi", "up", "--stack", "pilot"), "/proj", 0.0),  # recover itself (self_pid)
+        Proc(70, 2, (), None, 0.0),  # a kernel thread: no command line
+        Proc(71, 70, ("/h/pulumi-resource-kubernetes",), "/proj", 0.0)]}
+    assert [p.pid for p in project_processes(table, "/proj", "pilot", 60)] == [10, 11, 30, 71]
 
 
 def test_go_times_and_helm_records_are_read():

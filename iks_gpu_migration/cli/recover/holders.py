@@ -96,7 +96,7 @@ def project_processes(table: dict[int, Proc], project_dir: str, stack: str, self
         seen: set[int] = set()
         while p is not None and p.pid not in seen:
             seen.add(p.pid)
-            if os.path.basename(p.argv[0]) == "pulumi" and cli_stack(p.argv) not in (None, stack):
+            if p.argv and os.path.basename(p.argv[0]) == "pulumi" and cli_stack(p.argv) not in (None, stack):
                 return True
             p = table.get(p.ppid)
         return False
