@@ -158,19 +158,21 @@ def test_a_lock_is_live_only_while_its_process_runs_on_this_host():
 def test_cancel_is_refused_while_an_update_or_its_processes_run_and_needs_force_where_the_holder_is_unseen():
     dead = judge_lock(lock(), "here", None, NOW)
     live = judge_lock(lock(), "here", Proc(4242, 1, ("pulumi", "up"), "/p", 0.0), NOW)
-    ok = decide_cancel("file", [dead], [], None, "pilot")
+    ok = decide_cancel("file", [dead], [], None, "pilot", True)
     assert ok.cancel and not ok.blockers and not ok.needs_force
-    assert not decide_cancel("file", [], [], None, "pilot").cancel  # no lock: nothing to cancel
-    stopped = decide_cancel("file", [live], [], None, "pilot")
+    assert not decide_cancel("file", [], [], None, "pilot", True).cancel  # no lock: nothing to cancel
+    stopped = decide_cancel("file", [live], [], None, "pilot", True)
     assert not stopped.cancel and "held by a running update" in stopped.blockers[0]
     plugin = Proc(77, 1, ("/x/pulumi-resource-kubernetes",), "/p", 0.0)
-    assert "`kill 77`" in decide_cancel("file", [dead], [plugin], None, "pilot").blockers[0]
+    assert "`kill 77`" in decide_cancel("file", [dead], [plugin], None, "pilot", True).blockers[0]
     assert decide_cancel("file", [judge_lock(lock(host="elsewhere"), "here", None, NOW)], [], None,
-                         "pilot").needs_force
-    cloud = decide_cancel("cloud", [], [], "2026-12-03T11:57:00.000Z", "pilot")
+                         "pilot", True).needs_force
+    assert decide_cancel("file", [dead], [], None, "pilot", False).cancel  # killed between steps: a lock, no ops
+    cloud = decide_cancel("cloud", [], [], "2026-12-03T11:57:00.000Z", "pilot", True)
     assert cloud.cancel and "pulumi stack --stack pilot" in cloud.needs_force
-    assert not decide_cancel("cloud", [], [], "", "pilot").cancel  # Cloud reports no update in progress
-    assert decide_cancel("diy", [], [], None, "pilot").needs_force
+    assert not decide_cancel("cloud", [], [], "", "pilot", True).cancel  # Cloud reports no update in progress
+    assert decide_cancel("diy", [], [], None, "pilot", True).needs_force
+    assert not decide_cancel("diy", [], [], None, "pilot", False).cancel  # no sign of an unfinished update
 
 
 def test_the_processes_that_count_work_in_the_project_directory_for_this_stack():
@@ -218,6 +220,9 @@ FAKE = textwrap.dedent("""\
         if args[2] in world.get("config", {}):
             answer(out=json.dumps({"value": world["config"][args[2]], "secret": False}))
         answer(255, err=f"error: configuration key '{args[2]}' not found for stack 'pilot'")
+    if args[0] == "cancel" and not world.get("rc", {}).get("cancel"):  # the file backend's: every lock file goes
+        for name in os.listdir(world["locks"]) if os.path.isdir(world["locks"]) else []:
+            os.unlink(os.path.join(world["locks"], name))
     if args[0] in ("cancel", "refresh") or args[:2] == ["stack", "import"]:
         answer(world.get("rc", {}).get(args[0], 0), err=world.get("err", {}).get(args[0], ""))
     answer(2, err="unexpected command")
@@ -234,7 +239,8 @@ class World:
         self.backend = tmp_path / "backend"
         self.export = json.dumps({"version": version, "deployment": deployment}, indent=4)
         self.file, self.log = tmp_path / "world.json", tmp_path / "calls.log"
-        self.data = {"url": url or self.backend.as_uri(), "export": self.export}
+        self.data = {"url": url or self.backend.as_uri(), "export": self.export,
+                     "locks": str(self.backend / ".pulumi/locks/organization/gpu-migration/pilot")}
         self.save()
         self.pulumi = tmp_path / "pulumi"
         self.pulumi.write_text(f"#!{sys.executable}\n{FAKE}")
@@ -389,19 +395,26 @@ def test_a_killed_install_record_is_removed_before_the_import(killed):
     assert RELEASE["urn"] not in [r["urn"] for r in imported]  # the next `up` installs it again
 
 
-def test_no_cancel_without_pending_operations_or_without_a_lock(killed):
+def test_a_lock_left_without_pending_operations_is_removed_and_no_lock_means_no_cancel(killed):
+    """A kill between two steps leaves the lock and no pending operation; the next `up` would fail "the stack is
+    currently locked". No state change, so no import and no backup."""
     killed.set(export=json.dumps({"version": 3, "deployment": killed_deployment()}))
-    code, text = killed.recover(yes=True)
-    assert code == 0 and "no pending operations" in text
-    assert "recover only cancels with pending operations: `pulumi cancel --stack pilot --yes` removes it" in text
+    code, text = killed.recover()
+    assert code == 0 and "no pending operations" in text and "`pulumi cancel` removes the stack's lock" in text
     assert "cancel" not in killed.commands() and killed.lock_file.exists()
-    killed.lock_file.unlink()
+    code, text = killed.recover(yes=True)
+    assert code == 0 and "lock removed; run `pulumi up --stack pilot`" in text
+    assert killed.commands()[-1] == "cancel" and not killed.lock_file.exists()
+    assert not (killed.project / ".recover-backups").exists()
+    code, text = killed.recover(yes=True)
+    assert code == 0 and "no pending operations and no lock to remove" in text
+    assert killed.commands()[-1] == "config get"
     killed.set(export=killed.export)
     code, text = killed.recover(yes=True)  # with no lock, when the killed update started is unknown
     assert code == 1 and "start is unknown (the stack has no lock file left" in text
     code, text = killed.recover(yes=True, force=True)
     assert code == 0 and "no `pulumi cancel`: the stack has no lock" in text
-    assert "cancel" not in killed.commands() and "stack import" in killed.commands()
+    assert killed.commands()[-2:] == ["stack import", "refresh"] and "cancel" not in killed.commands()[-4:]
 
 
 @pytest.fixture
@@ -478,11 +491,12 @@ def test_a_failed_refresh_says_what_to_do_and_the_next_run_finds_and_reads_what_
     imported = json.loads(killed.calls()[-2]["stdin"])
     killed.set(export=json.dumps(imported), rc={})
     code, text = killed.recover()
-    assert code == 0 and f"2 adopted resource(s) were never read from the cluster" in text
+    assert code == 0 and "refresh 2 adopted resource(s) never read from the cluster" in text
     assert f"{CONFIGMAP['urn']}, {RELEASE['urn']}" in text and str(backup) in text
     assert killed.commands()[-1] == "config get"  # the dry run changed nothing
     code, text = killed.recover(yes=True)
-    assert code == 0 and killed.commands()[-1] == "refresh" and "adopted resources read" in text
+    assert code == 0 and killed.commands()[-2:] == ["config get", "refresh"] and "adopted resources read" in text
+    assert len(list(backup.parent.glob("pilot-*.json"))) == 2  # a new backup before the refresh
 
 
 def test_an_empty_checkpoint_sidecar_left_by_a_kill_is_removed_only_with_yes(killed):

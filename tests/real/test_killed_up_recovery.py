@@ -199,7 +199,7 @@ def test_recover_adopts_only_what_the_killed_up_made(cluster, project, tmp_path)
     assert not lock.exists() and helm_records(core, ns, stuck) == []
     # A second recover finds what the import adopted and no refresh read, and reads it.
     code, text = run_recover(project, "recover", kubeconfig=kubeconfig, yes=True)
-    assert code == 0 and "were never read from the cluster" in text and urn[done] in text, text
+    assert code == 0 and "adopted resource(s) never read from the cluster" in text and urn[done] in text, text
     state = {r["urn"].rsplit("::", 1)[1]: r for r in stack.export_stack().deployment["resources"]}
     assert not stack.export_stack().deployment.get("pending_operations")
     assert state[done]["id"] == f"{ns}/{done}" and state[admin]["id"] == f"{ns}/{admin}"

@@ -61,8 +61,6 @@ class Recovery:
                                f"{', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}); recover works on "
                                f"urn:pulumi:{self.name}::{PROJECT}::... only and changed nothing")
         self.kubeconfig = stack_kubeconfig(self.cli, self.project, self.kubeconfig_flag)
-        if not deployment.get("pending_operations"):
-            return self.no_pending(deployment)
         return self.resolve(deployment)
 
     def repair_sidecars(self) -> bool:
@@ -111,7 +109,8 @@ class Recovery:
         if self.backend == "cloud":
             in_progress = self.cli.update_in_progress_since()
         procs = project_processes(process_table(), str(self.project), self.name, os.getpid())
-        cancel = decide_cancel(self.backend, holders, procs, in_progress, self.name)
+        pending = bool(deployment.get("pending_operations"))
+        cancel = decide_cancel(self.backend, holders, procs, in_progress, self.name, pending)
         start, source = self.killed_start(holders, in_progress)
         steps = [self.decide_create(r, start, source) for r in pending_creates(deployment)]
         return cancel, steps, (start, source)
@@ -138,11 +137,13 @@ class Recovery:
             raise RecoverError(f"{what} from the cluster of {source} failed ({' '.join(str(e).split())[:300]}); "
                                f"{state}") from None
 
-    def show(self, deployment: dict[str, Any], cancel: CancelDecision, steps: list[Step], start: tuple) -> None:
-        ops = deployment["pending_operations"]
+    def show(self, deployment: dict[str, Any], cancel: CancelDecision, steps: list[Step], start: tuple,
+             unread: list[str]) -> None:
+        ops = deployment.get("pending_operations") or []
         when = f"started {start[0].isoformat(timespec='seconds')}, {start[1]}" if start[0] else start[1]
-        self.out(f"stack {self.stack} ({self.project}): {len(ops)} pending operation(s) of an update that did not "
-                 f"finish ({when})")
+        head = f"{len(ops)} pending operation(s) of an update that did not finish ({when})" if ops else \
+            "no pending operations"
+        self.out(f"stack {self.stack} ({self.project}): {head}")
         self.out(f"  - {cancel.why}" + (f" [needs --force: {cancel.needs_force}]" if cancel.needs_force else ""))
         for s in steps:
             if s.action == "adopt":
@@ -156,12 +157,22 @@ class Recovery:
         for op in ops:
             if op.get("type") != "creating":
                 self.out(f"  - drop pending {op.get('type')} of {op['resource']['urn']}: the next `up` reads it anew")
+        if unread:
+            self.out(f"  - refresh {len(unread)} adopted resource(s) never read from the cluster (the refresh after "
+                     f"recover's import did not finish), which `pulumi up` would diff against nothing: "
+                     f"{', '.join(unread)}")
 
     # --- doing ------------------------------------------------------------------------------------------------
 
     def resolve(self, deployment: dict[str, Any]) -> int:
         cancel, steps, start = self.decide(deployment)
-        self.show(deployment, cancel, steps, start)
+        unread = never_read(deployment)
+        pending = bool(deployment.get("pending_operations"))
+        if not (pending or unread or cancel.cancel):
+            self.out(f"stack {self.stack}: no pending operations and no lock to remove; run `pulumi up --stack "
+                     f"{self.stack}`")
+            return 0
+        self.show(deployment, cancel, steps, start, unread)
         taken, refused = with_force(steps, self.force)
         if cancel.blockers:
             self.out("stopped, nothing changed: " + "\n  ".join(cancel.blockers))
@@ -172,10 +183,14 @@ class Recovery:
                      f"what each says, then run again with --force to accept them")
             return 1
         if not self.yes:
-            self.out("dry run: nothing changed. Run again with --yes to do the above (recover first writes a backup "
-                     "of the state).")
+            last = backup.latest(self.project, self.name)
+            undo = f"; the state from before recover's last run: {backup.restore_command(self.stack, last)}" \
+                if unread and last else ""
+            self.out(f"dry run: nothing changed. Run again with --yes to do the above (recover first writes a backup "
+                     f"of the state){undo}.")
             return 0
-        self.write_backup()
+        if pending or unread:
+            self.write_backup()
         done: list[str] = []
         try:
             self.act(deployment, cancel, taken, done)
@@ -184,7 +199,10 @@ class Recovery:
                 raise RecoverError(f"{e}\nDone before that: {'; '.join(done)}. Run recover again: it plans from what "
                                    f"is left (the state from before: {self.restore})") from None
             raise
-        return self.refresh("pending operations resolved")
+        if not (pending or unread):
+            self.out(f"stack {self.stack}: lock removed; run `pulumi up --stack {self.stack}` to continue")
+            return 0
+        return self.refresh("pending operations resolved" if pending else "adopted resources read")
 
     def act(self, deployment: dict[str, Any], cancel: CancelDecision, taken: list[Step], done: list[str]) -> None:
         """Remove the killed installs' records, cancel, import; `done` says what happened, should a later step fail."""
@@ -201,11 +219,12 @@ class Recovery:
                                    f"{(run.stdout + run.stderr).strip()[-1500:]}")
             done.append("cancelled the killed update (`pulumi cancel`)")
             self.out(done[-1])
-        self.cli.import_state({**self.document, "deployment": adopt_pending(deployment, taken)})
-        for s in taken:
-            if s.action == "adopt":
-                self.out(f"adopted {s.urn} as {s.id}" + (f" (field manager {s.field_manager})"
-                                                         if s.field_manager else ""))
+        if deployment.get("pending_operations"):
+            self.cli.import_state({**self.document, "deployment": adopt_pending(deployment, taken)})
+            for s in taken:
+                if s.action == "adopt":
+                    self.out(f"adopted {s.urn} as {s.id}" + (f" (field manager {s.field_manager})"
+                                                             if s.field_manager else ""))
 
     def write_backup(self) -> None:
         path = backup.write(self.project, self.name, self.export_text)
@@ -225,28 +244,6 @@ class Recovery:
             return 1
         self.out(f"stack {self.stack}: {what}; run `pulumi up --stack {self.stack}` to continue")
         return 0
-
-    def no_pending(self, deployment: dict[str, Any]) -> int:
-        now = datetime.now(timezone.utc)
-        for h in self.holders(now):
-            hint = "an update runs" if h.state == "live" else \
-                f"recover only cancels with pending operations: `pulumi cancel --stack {self.stack} --yes` removes it"
-            self.out(f"the stack's lock is {h.why} ({hint})")
-        unread = never_read(deployment)
-        if not unread:
-            self.out(f"stack {self.stack}: no pending operations; run `pulumi up --stack {self.stack}`")
-            return 0
-        last = backup.latest(self.project, self.name)
-        self.restore = backup.restore_command(self.stack, last) if last else "(no backup of recover's in this project)"
-        self.out(f"stack {self.stack}: {len(unread)} adopted resource(s) were never read from the cluster (the refresh "
-                 f"after recover's import did not finish), so `pulumi up` would diff them against nothing: "
-                 f"{', '.join(unread)}")
-        if not self.yes:
-            self.out(f"dry run: nothing changed. Run again with --yes to redo the refresh (after a backup), or put "
-                     f"the state from before recover back with: {self.restore}")
-            return 0
-        self.write_backup()
-        return self.refresh("adopted resources read")
 
 
 def recover(stack: str, pulumi: str = "pulumi", env: Optional[dict] = None, out: Out = print,

@@ -115,10 +115,12 @@ class CancelDecision:
 
 
 def decide_cancel(backend: str, holders: list[Holder], procs: list[Proc], in_progress: Optional[str],
-                  stack: str) -> CancelDecision:
+                  stack: str, pending: bool) -> CancelDecision:
     """Whether `pulumi cancel` (which on a DIY backend deletes every lock file of the stack, and on Pulumi Cloud
-    ends whatever update runs: pkg/backend/diy/backend.go CancelCurrentUpdate) may run. `in_progress`: for Pulumi
-    Cloud, when the update it reports as running started ("" if it reports none, None if unknown)."""
+    ends whatever update runs: pkg/backend/diy/backend.go CancelCurrentUpdate) may run: only with a sign of an update
+    that did not finish (pending operations, a lock file, an update Cloud reports in progress; a kill between two
+    steps leaves a lock and no pending operation) and none of one that runs. `in_progress`: for Pulumi Cloud, when
+    the update it reports as running started ("" if it reports none, None if unknown)."""
     blockers = []
     if procs:
         pids = " ".join(str(p.pid) for p in procs)
@@ -148,6 +150,9 @@ def decide_cancel(backend: str, holders: list[Holder], procs: list[Proc], in_pro
                               f"on Pulumi Cloud `pulumi cancel` ends whatever update runs on the stack, from any "
                               f"machine, and recover can't see which process holds it: check with `pulumi stack "
                               f"--stack {stack}` (when it started, who requested it) that it is the killed one")
+    if not pending:
+        return CancelDecision(False, "no `pulumi cancel`: no pending operations, and this backend's lock files are "
+                              "not read here", tuple(blockers))
     return CancelDecision(True, "`pulumi cancel` removes every lock of the stack", tuple(blockers),
                           f"this backend keeps its lock files in a bucket recover does not read, and `pulumi cancel` "
                           f"deletes them all, a running update's too: check that the files under "
