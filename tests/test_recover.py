@@ -279,26 +279,29 @@ class World:
 
 
 class FakeCluster:
-    """Stands in for cluster.Cluster: objects' managedFields and Helm records from dicts; logs what is removed."""
+    """Stands in for cluster.Cluster: objects' managedFields and Helm records from dicts; logs what is removed and
+    which kubeconfig each read went through (`reads`: (kubeconfig, method))."""
     objects: dict = {}
     records: dict = {}
     removed: list = []
-    kubeconfigs: list = []
+    reads: list = []
 
     def __init__(self, kubeconfig):
-        self.kubeconfigs.append(kubeconfig)
+        self.kubeconfig = kubeconfig
 
     @classmethod
     def install(cls, monkeypatch):
         monkeypatch.setattr(cls, "objects", {}), monkeypatch.setattr(cls, "records", {})
-        monkeypatch.setattr(cls, "removed", []), monkeypatch.setattr(cls, "kubeconfigs", [])
+        monkeypatch.setattr(cls, "removed", []), monkeypatch.setattr(cls, "reads", [])
         monkeypatch.setattr(command, "Cluster", cls)
         return cls
 
     def managed_fields(self, resource, namespace, name):
+        self.reads.append((self.kubeconfig, "managed_fields"))
         return self.objects.get(f"{namespace}/{name}" if namespace else name)
 
     def helm_records(self, namespace, name):
+        self.reads.append((self.kubeconfig, "helm_records"))
         return self.records.get(f"{namespace}/{name}", [])
 
     def remove_records(self, namespace, secrets):
@@ -355,21 +358,22 @@ def test_the_dry_run_shows_the_plan_and_changes_nothing(killed):
     assert f"clear {REPLACEMENT['urn']}: its step resumes" in text
     assert text.endswith("dry run: nothing changed. Run again with --yes to do the above (recover first writes a "
                          "backup of the state).")
-    assert killed.commands() == ["whoami", "stack export", "config get"]
+    assert killed.commands() == ["whoami", "stack export", "config get", "config get"]  # kubeconfig, chartKubeconfig
     assert killed.lock_file.exists() and not (killed.project / ".recover-backups").exists()
 
 
 def test_yes_backs_the_whole_export_up_then_cancels_imports_and_refreshes(killed):
     code, text = killed.recover(yes=True)
     assert code == 0, text
-    assert killed.commands() == ["whoami", "stack export", "config get", "cancel", "stack import", "refresh"]
+    assert killed.commands() == ["whoami", "stack export", "config get", "config get", "cancel", "stack import",
+                                 "refresh"]
     [backup] = (killed.project / ".recover-backups").glob("pilot-*.json")
     assert backup.read_text() == killed.export  # the document as exported, its version 4 included
     assert stat.S_IMODE(backup.stat().st_mode) == 0o600
     assert stat.S_IMODE(backup.parent.stat().st_mode) == 0o700
     assert (backup.parent / ".gitignore").read_text().splitlines()[-1] == "*"
     assert f"with: pulumi stack import --stack pilot --file {backup}" in text
-    imported = json.loads(killed.calls()[4]["stdin"])
+    imported = json.loads(killed.calls()[5]["stdin"])
     assert imported["version"] == 4 and imported["deployment"]["pending_operations"] == []
     adopted = {r["urn"]: r for r in imported["deployment"]["resources"]}
     assert adopted[CONFIGMAP["urn"]]["outputs"] == {"__fieldManager": "pulumi-kubernetes-0a1b2c3d"}
@@ -473,10 +477,20 @@ def test_on_pulumi_cloud_cancel_needs_force_and_the_running_updates_start_dates_
     assert "no `pulumi cancel`: Pulumi Cloud reports no update in progress" in text and "start is unknown" in text
 
 
-def test_the_stacks_kubeconfig_is_read_not_the_ambient_one(killed):
+def test_the_stacks_kubeconfigs_are_read_not_the_ambient_one(killed):
     killed.set(config={"gpu-migration:kubeconfig": "clusters/pilot.yaml"})
     assert killed.recover()[0] == 0
-    assert killed.kube.kubeconfigs == [str(killed.project / "clusters" / "pilot.yaml")]
+    pilot = str(killed.project / "clusters" / "pilot.yaml")
+    assert sorted(killed.kube.reads) == [(pilot, "helm_records"), (pilot, "managed_fields")]
+    # The Helm releases' records are read (and removed) as the releases' own identity, when the stack has one.
+    killed.kube.reads.clear()
+    killed.kube.records["gpu-operator/gpu-operator"] = [record("pending-install", datetime.now(timezone.utc))]
+    killed.set(config={"gpu-migration:kubeconfig": "clusters/pilot.yaml",
+                       "gpu-migration:chartKubeconfig": "clusters/charts.yaml"})
+    assert killed.recover(yes=True)[0] == 0
+    charts = str(killed.project / "clusters" / "charts.yaml")
+    assert sorted(killed.kube.reads) == [(charts, "helm_records"), (pilot, "managed_fields")]
+    assert killed.kube.removed == [("gpu-operator", ("sh.helm.release.v1.gpu-operator.v1",))]
     code, text = killed.recover(kubeconfig="/elsewhere/kubeconfig")
     assert code == 1 and "--kubeconfig /elsewhere/kubeconfig is not the stack's gpu-migration:kubeconfig" in text
 

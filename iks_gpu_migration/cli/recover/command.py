@@ -22,18 +22,20 @@ from .stack import PROJECT, Cli, RecoverError, foreign_urns, project_dir, stack_
 Out = Callable[[str], None]
 
 
-def stack_kubeconfig(cli: Cli, project: pathlib.Path, flag: Optional[str]) -> Optional[str]:
-    """The stack's `gpu-migration:kubeconfig` (relative to the project directory, as the program reads it): the
-    refresh reads the cluster through the stack's provider, so recover reads that cluster too. Without it, --kubeconfig
-    or the ambient KUBECONFIG / ~/.kube/config, as the program's default provider does."""
+def stack_kubeconfigs(cli: Cli, project: pathlib.Path, flag: Optional[str]) -> tuple[Optional[str], Optional[str]]:
+    """The stack's kubeconfigs, for its objects and for its Helm releases: `gpu-migration:kubeconfig` and
+    `gpu-migration:chartKubeconfig` (default: the first; the releases' own identity, which alone may read their
+    records, rbac/gpu-migration-charts.yaml), relative to the project directory as the program reads them. The refresh
+    reads the cluster through the stack's providers, so recover reads that cluster too. Without `kubeconfig`,
+    --kubeconfig or the ambient KUBECONFIG / ~/.kube/config, as the program's default provider does."""
     configured = cli.config(f"{PROJECT}:kubeconfig")
-    if not configured:
-        return flag
-    path = (project / configured).resolve()
-    if flag and pathlib.Path(flag).resolve() != path:
+    path = str((project / configured).resolve()) if configured else None
+    if path and flag and pathlib.Path(flag).resolve() != pathlib.Path(path):
         raise RecoverError(f"--kubeconfig {flag} is not the stack's {PROJECT}:kubeconfig ({configured}): the "
                            f"refresh reads the stack's cluster, so recover reads that one too; drop --kubeconfig")
-    return str(path)
+    cluster = path or flag
+    charts = cli.config(f"{PROJECT}:chartKubeconfig")
+    return cluster, str((project / charts).resolve()) if charts else cluster
 
 
 class Recovery:
@@ -41,12 +43,12 @@ class Recovery:
                  yes: bool, force: bool) -> None:
         self.stack, self.cli, self.project, self.out = stack, cli, project, out
         self.name, self.kubeconfig_flag, self.yes, self.force = stack_name(stack), kubeconfig, yes, force
-        self._cluster: Optional[Cluster] = None
+        self._clusters: dict[Optional[str], Cluster] = {}
 
-    def cluster(self) -> Cluster:
-        if self._cluster is None:
-            self._cluster = Cluster(self.kubeconfig)
-        return self._cluster
+    def cluster(self, kubeconfig: Optional[str]) -> Cluster:
+        if kubeconfig not in self._clusters:
+            self._clusters[kubeconfig] = Cluster(kubeconfig)
+        return self._clusters[kubeconfig]
 
     def run(self) -> int:
         url = self.cli.backend_url()
@@ -60,7 +62,7 @@ class Recovery:
             raise RecoverError(f"the state of stack {self.stack} holds URNs of another project or stack ("
                                f"{', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}); recover works on "
                                f"urn:pulumi:{self.name}::{PROJECT}::... only and changed nothing")
-        self.kubeconfig = stack_kubeconfig(self.cli, self.project, self.kubeconfig_flag)
+        self.kubeconfig, self.chart_kubeconfig = stack_kubeconfigs(self.cli, self.project, self.kubeconfig_flag)
         return self.resolve(deployment)
 
     def repair_sidecars(self) -> bool:
@@ -120,20 +122,23 @@ class Recovery:
         if rid is None:
             return decide_object(resource, None)
         namespace, _, name = rid.rpartition("/")
-        with self.kube_errors(f"reading {rid}", "nothing changed"):
-            if resource["type"] == HELM_RELEASE:
-                return decide_release(resource, self.cluster().helm_records(namespace, name), start, source)
-            return decide_object(resource, self.cluster().managed_fields(resource, namespace or None, name))
+        if resource["type"] == HELM_RELEASE:
+            with self.kube_errors(f"reading the Helm records of {rid}", self.chart_kubeconfig, "nothing changed"):
+                records = self.cluster(self.chart_kubeconfig).helm_records(namespace, name)
+            return decide_release(resource, records, start, source)
+        with self.kube_errors(f"reading {rid}", self.kubeconfig, "nothing changed"):
+            fields = self.cluster(self.kubeconfig).managed_fields(resource, namespace or None, name)
+        return decide_object(resource, fields)
 
     @contextlib.contextmanager
-    def kube_errors(self, what: str, state: str) -> Iterator[None]:
+    def kube_errors(self, what: str, kubeconfig: Optional[str], state: str) -> Iterator[None]:
         """A failed cluster call as one RecoverError naming the kubeconfig (the client raises many kinds)."""
         try:
             yield
         except RecoverError:
             raise
         except Exception as e:  # noqa: BLE001 - ApiException, urllib3 errors, ConfigException, ...
-            source = self.kubeconfig or "KUBECONFIG / ~/.kube/config"
+            source = kubeconfig or "KUBECONFIG / ~/.kube/config"
             raise RecoverError(f"{what} from the cluster of {source} failed ({' '.join(str(e).split())[:300]}); "
                                f"{state}") from None
 
@@ -208,8 +213,9 @@ class Recovery:
         """Remove the killed installs' records, cancel, import; `done` says what happened, should a later step fail."""
         for s in taken:
             if s.action == "remove-records":
-                with self.kube_errors(f"removing the Helm records of {s.urn}", "the state is unchanged"):
-                    self.cluster().remove_records(s.namespace, s.records)
+                with self.kube_errors(f"removing the Helm records of {s.urn}", self.chart_kubeconfig,
+                                      "the state is unchanged"):
+                    self.cluster(self.chart_kubeconfig).remove_records(s.namespace, s.records)
                 done.append(f"removed Helm record(s) {', '.join(s.records)} of {s.urn}")
                 self.out(done[-1])
         if cancel.cancel:
