@@ -173,7 +173,7 @@ def test_interrupted_up_during_a_replacement_converges_with_one_replacement_per_
         from iks_gpu_migration.cli.recover import recover
         pulumi, cli_env = env.project.engine.cli()
         assert recover("local", pulumi, cli_env, out=print, kubeconfig=str(env.cluster.kubeconfig),
-                       cwd=str(env.project.dir)) == 0
+                       cwd=str(env.project.dir), yes=True) == 0
     result = stack.up(on_output=print)
     assert result.summary.result == "succeeded"
     # Exactly one replacement per migrated node.
