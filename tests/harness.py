@@ -29,6 +29,7 @@ class Registered:
     typ: str
     name: str
     inputs: dict[str, Any]
+    secret_outputs: list[str] = field(default_factory=list)  # the option additional_secret_outputs
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -55,9 +56,11 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.registered: list[Registered] = []
         self.dependencies: dict[str, set[str]] = {}  # resource name -> names it depends on
         self.property_dependencies: dict[str, dict[str, set[str]]] = {}  # name -> input -> names it comes from
+        self.secret_outputs: dict[str, list[str]] = {}  # name -> its additional_secret_outputs
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
-        self.registered.append(Registered(args.typ, args.name, dict(args.inputs)))
+        self.registered.append(Registered(args.typ, args.name, dict(args.inputs),
+                                          self.secret_outputs.get(args.name, [])))
         return f"{args.name}-id", fake_outputs(args.name, dict(args.inputs))
 
     def call(self, args: pulumi.runtime.MockCallArgs):
@@ -74,6 +77,7 @@ class RecordingMonitor(MockMonitor):
         self.mocks.dependencies[request.name] = {urn.rsplit("::", 1)[-1] for urn in urns}
         self.mocks.property_dependencies[request.name] = {
             prop: {urn.rsplit("::", 1)[-1] for urn in deps.urns} for prop, deps in request.propertyDependencies.items()}
+        self.mocks.secret_outputs[request.name] = list(request.additionalSecretOutputs)
         return super().RegisterResource(request)
 
 
