@@ -46,6 +46,7 @@ def test_hook_sees_no_operator_secret_and_its_output_is_encrypted_in_the_state(p
     assert outputs["stderr"]["plaintext"] == json.dumps("hook for 10.9.7.1")
     assert seen["GPU_MIGRATION_NODE"] == "10.9.7.1" and seen["GPU_MIGRATION_WORKER_ID"] == "kube-hooks-0001"
     assert seen["GPU_MIGRATION_STACK"] == "hooks" and "PATH" in seen and "HOME" in seen
+    assert seen["PWD"] == str(project.dir)  # the plugin runs in the project directory (docs/operations.md)
     leaked = {k for k in ("IC_API_KEY", "PULUMI_ACCESS_TOKEN", "PULUMI_CONFIG_PASSPHRASE", "PULUMI_HOME") if k in seen}
     assert not leaked, f"the hook saw {leaked}"
     assert not any(v in outputs["stdout"]["plaintext"] for v in (*SECRETS.values(), cli_env["PULUMI_CONFIG_PASSPHRASE"]))
