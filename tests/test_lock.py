@@ -2,7 +2,6 @@
 requirements-test.txt are exact and hashed, so pip installs them in hash-checking mode, and they agree with each other
 and with the ranges in requirements.in they are compiled from (docs/testing.md#dependencies-the-hashed-lock)."""
 import pytest
-from packaging.utils import canonicalize_name
 
 from lockfile import REPO, pins, pinned_version, ranges
 
