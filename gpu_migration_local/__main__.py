@@ -18,6 +18,7 @@ import threading
 import yaml
 
 from . import tools
+from .control_plane import write_private
 from .engine import Engine, printer
 from .env import LocalCluster
 from .iks_emulator import IksEmulator
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"removing {stale} of an earlier run (a fresh IKS emulator starts with every run)", flush=True)
             shutil.rmtree(stale)
     STATE.mkdir(exist_ok=True)
+    STATE.chmod(0o700)  # the cluster's credentials and the kubeconfig live below it
     cluster = LocalCluster(workdir=STATE / "cluster", keep_workdir=True)
     (STATE / "cluster").mkdir(parents=True, exist_ok=True)
     iks = IksEmulator(cluster=config["gpu-migration:clusterName"], port=port)
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             seed(iks, config)
             (REPO / config["gpu-migration:kubeconfig"]).parent.mkdir(parents=True, exist_ok=True)
-            (REPO / config["gpu-migration:kubeconfig"]).write_text(cluster.kubeconfig.read_text())
+            write_private(REPO / config["gpu-migration:kubeconfig"], cluster.kubeconfig.read_text())
             engine = Engine(REPO, STATE / "backend", env={"IC_API_KEY": iks.api_key})
             stack = engine.stack(args.stack)
             print(f"running pulumi {args.command} --stack {args.stack} ...", flush=True)

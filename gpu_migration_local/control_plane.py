@@ -3,12 +3,18 @@
 Like controller-runtime's envtest (pkg/internal/testing/controlplane): real binaries, loopback only, a throw-away data
 dir, an admin token in system:masters. Nodes have no kubelet: kwok plays node and pod status, and the doubles in
 gpu_doubles.py play the NVIDIA components. DRA allocation is done by the real kube-scheduler.
+
+Credentials are those of a real cluster, small: a random admin token per run (`secrets.token_urlsafe`), the data dir
+0700 and every credential file in it (token file, kubeconfig, service account key) 0600, and no anonymous requests
+(`--anonymous-auth=false`: a request without a token is answered 401).
 """
 from __future__ import annotations
 
 import base64
 import json
+import os
 import pathlib
+import secrets
 import shutil
 import signal
 import socket
@@ -21,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 
-ADMIN_TOKEN = "local-admin-token"
 KWOK_STAGES = pathlib.Path(__file__).with_name("kwok-stages.yaml")
 
 # kube-controller-manager controllers the migration needs (names as in cmd/kube-controller-manager/names):
@@ -94,6 +99,8 @@ class ControlPlane:
     components: tuple[str, ...] = ("kube-scheduler", "kube-controller-manager", "kwok")
     processes: list[Process] = field(default_factory=list)
     apiserver_port: int = 0
+    # A fresh admin token for every control plane: a token fixed in the source would open any run's API server.
+    admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
 
     @property
     def kubeconfig(self) -> pathlib.Path:
@@ -113,9 +120,11 @@ class ControlPlane:
 
     def start(self, timeout: float = 120.0) -> "ControlPlane":
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir.chmod(0o700)  # it holds the credentials below
         d = self.workdir
         _openssl("genrsa", "-out", str(d / "sa.key"), "2048")
-        (d / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
+        (d / "sa.key").chmod(0o600)
+        write_private(d / "tokens.csv", f'{self.admin_token},admin,admin,"system:masters"\n')
         etcd_port, peer_port = free_port(), free_port()
         self.apiserver_port = free_port()
         self._write_kubeconfig()
@@ -137,6 +146,7 @@ class ControlPlane:
             "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
             "--secure-port", str(self.apiserver_port), "--cert-dir", str(d / "apiserver-certs"),
             "--token-auth-file", str(d / "tokens.csv"), "--authorization-mode", "RBAC",
+            "--anonymous-auth=false",
             "--service-account-issuer", "https://kubernetes.default.svc",
             "--service-account-key-file", sa, "--service-account-signing-key-file", sa,
             # Only an allocator range for Service IPs; nothing is routed to it.
@@ -202,10 +212,10 @@ class ControlPlane:
         cfg = {
             "apiVersion": "v1", "kind": "Config", "current-context": "local",
             "clusters": [{"name": "local", "cluster": cluster}],
-            "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
+            "users": [{"name": "admin", "user": {"token": self.admin_token}}],
             "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
         }
-        self.kubeconfig.write_text(json.dumps(cfg, indent=1))
+        write_private(self.kubeconfig, json.dumps(cfg, indent=1))
 
     def _wait_ready(self, url: str, what: str, timeout: float, procs: list[Process]) -> None:
         ctx = ssl.create_default_context()
@@ -214,7 +224,7 @@ class ControlPlane:
         while time.monotonic() < deadline:
             for p in procs:
                 p.check_alive()
-            req = urllib.request.Request(url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+            req = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.admin_token}"})
             try:
                 with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
                     if r.status == 200:
@@ -242,6 +252,14 @@ class ControlPlane:
     def stop(self) -> None:
         for p in reversed(self.processes):
             p.stop()
+
+
+def write_private(path: pathlib.Path, text: str) -> None:
+    """Write a credential file readable by its owner only (0600), also when it existed with wider modes."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def _openssl(*args: str) -> None:

@@ -41,6 +41,13 @@ Behaviour of the real service modelled here, with its source (see /work/shared/r
   (what the autoscaler would do later is not modelled).
 - the master takes major.minor only ({"action": "update", "version": "1.36"}, iks-api.md; IKS picks the patch): a
   version with a patch or fix pack is refused here (the real answer to one is not documented).
+- IAM platform roles on containers-kubernetes: every API key maps to a role (`keys`, `grant`; the default key is an
+  Operator). Reads (cluster.read) need Viewer; master update, replaceWorker, createWorkerPool and worker pool delete
+  (cluster.operate) need Operator (ibm-cloud-docs/containers api-at-iam.md, iam-platform-access-roles.md). A Viewer's
+  operate call is refused with 403 in IKS's error shape, {incidentID, code, description}, as IKS refuses an action the
+  caller's IAM role lacks (terraform-provider-ibm issue #6816: 403, code A0656, "You are not authorized to ... you
+  must have the Operator role ..."); the code and wording for these four calls are the emulator's own (IBM publishes
+  neither), and nothing is changed.
 - n-2: workers may be at most two minor versions behind the master; without `force` (`ibmcloud ks cluster master
   update --force-update`) an update leaving a worker further behind is refused (ibm-cloud-docs update.md,
   cs_versions.md; the error code and wording here are the emulator's own, the real ones are not public).
@@ -97,6 +104,9 @@ class IksEmulator:
         self.created_at: dict[str, int] = {}  # worker ID -> index of the request during which it was created
         self.first_listed: dict[str, int] = {}  # worker ID -> index of the first answer that showed it
         self.tokens: dict[str, bool] = {}  # token -> still valid
+        self.keys: dict[str, str] = {api_key: "Operator"}  # API key -> IAM platform role on this cluster
+        self.token_roles: dict[str, str] = {}  # token -> the role of the key it was issued for
+        self.refused: list[tuple[str, str]] = []  # (method, path) of every call refused for the caller's role
         self.refuse_replace: dict[str, tuple[int, str]] = {}
         self.refuse_master_update: Optional[tuple[int, str]] = None
         self.stuck: set[str] = set()
@@ -201,6 +211,13 @@ class IksEmulator:
         with self.lock:
             self.stuck.add(worker_id)
 
+    def grant(self, api_key: str, role: str) -> None:
+        """`api_key` is valid and holds `role` ("Viewer" or "Operator") on the cluster."""
+        if role not in ("Viewer", "Operator"):
+            raise ValueError(f"role {role!r}: the emulator knows Viewer and Operator")
+        with self.lock:
+            self.keys[api_key] = role
+
     def count(self, method: str, path: str) -> int:
         return sum(1 for m, p in self.requests if m == method and p == path)
 
@@ -296,11 +313,12 @@ class IksEmulator:
     def _token(self, form: dict[str, str]) -> dict:
         if form.get("grant_type") != "urn:ibm:params:oauth:grant-type:apikey":
             raise Error(400, "grant_type is invalid", "BXNIM0103E", iam=True)
-        if form.get("apikey") != self.api_key:
+        if form.get("apikey") not in self.keys:
             raise Error(400, "Provided API key could not be found.", "BXNIM0415E", iam=True)
         now = int(time.time())
         token = jwt.encode({"iat": now, "exp": now + 3600, "jti": str(next(self._ids))}, _JWT_KEY, algorithm="HS256")
         self.tokens[token] = True
+        self.token_roles[token] = self.keys[form["apikey"]]
         return {"access_token": token, "refresh_token": "not-supported", "token_type": "Bearer",
                 "expires_in": 3600, "expiration": now + 3600, "scope": "ibm openid"}
 
@@ -317,7 +335,16 @@ class IksEmulator:
             raise Error(404, f"The specified worker node could not be found: {worker_id}", "E0011")
         return worker
 
-    def route(self, method: str, path: str, q: dict[str, str], body: dict) -> tuple[int, Any]:
+    def _operate(self, role: str, method: str, path: str, action: str) -> None:
+        """containers-kubernetes.cluster.operate: Operator (or Administrator), never Viewer (module docstring)."""
+        if role != "Operator":
+            self.refused.append((method, path))
+            raise Error(403, f"You are not authorized to {action} cluster {self.cluster['name']}. To complete this "
+                             f"action, you must have the Operator platform access role for Kubernetes Service "
+                             f"(containers-kubernetes) on the cluster.", "A0801")
+
+    def route(self, method: str, path: str, q: dict[str, str], body: dict,
+              role: str = "Operator") -> tuple[int, Any]:
         if (method, path) == ("GET", "/v2/vpc/getCluster"):
             self._check_cluster(q.get("cluster"))
             return 200, self.cluster
@@ -327,6 +354,7 @@ class IksEmulator:
             return 200, {"kubernetes": offered, "openshift": []}
         if method == "PUT" and path.startswith("/v1/clusters/") and path.count("/") == 3:
             self._check_cluster(unquote(path.rsplit("/", 1)[1]))
+            self._operate(role, method, path, "update the master of")
             return self._update_master(body)
         if (method, path) == ("GET", "/v2/vpc/getWorkers"):
             self._check_cluster(q.get("cluster"))
@@ -342,9 +370,11 @@ class IksEmulator:
             return 200, self._listed([self._worker(q.get("worker"))])[0]
         if (method, path) == ("POST", "/v2/vpc/replaceWorker"):
             self._check_cluster(body.get("cluster"))
+            self._operate(role, method, path, "replace worker nodes of")
             return self._replace(body)
         if (method, path) == ("POST", "/v2/vpc/createWorkerPool"):
             self._check_cluster(body.get("cluster"))
+            self._operate(role, method, path, "create worker pools in")
             return self._create_pool(body)
         if (method, path) == ("GET", "/v2/vpc/getWorkerPool"):
             self._check_cluster(q.get("cluster"))
@@ -355,6 +385,7 @@ class IksEmulator:
         if method == "DELETE" and path.startswith("/v1/clusters/") and "/workerpools/" in path:
             parts = path.split("/")  # ["", "v1", "clusters", cluster, "workerpools", pool]
             self._check_cluster(unquote(parts[3]))
+            self._operate(role, method, path, "remove worker pools from")
             return self._remove_pool(unquote(parts[5]))
         raise Error(404, f"no route {method} {path}", "E0404")
 
@@ -484,7 +515,7 @@ class IksEmulator:
                 self.tick()
                 body = json.loads(raw_body) if raw_body else {}
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
-                result = self.route(method, url.path, query, body)
+                result = self.route(method, url.path, query, body, self.token_roles.get(token, "Operator"))
                 if after is not None:  # carried out, but the client sees an error (it will retry)
                     return after[1], {"code": "E0500", "description": "Gateway timeout (injected after the change)"}
                 return result

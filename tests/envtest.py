@@ -34,7 +34,8 @@ from kubernetes import client, config as kconfig, watch
 from kubernetes.client.exceptions import ApiException
 
 from gpu_migration_local import tools
-from gpu_migration_local.control_plane import ControlPlane, remove_workdir, self_signed_cert, temp_workdir
+from gpu_migration_local.control_plane import (ControlPlane, remove_workdir, self_signed_cert, temp_workdir,
+                                               write_private)
 from gpu_migration_local.iks_nodes import node_info
 from gpu_migration_local.kubelet_logs import KubeletLogServer, LogStore
 from tests.real.kube import eventually as real_eventually
@@ -533,6 +534,27 @@ class Kube:
         monkeypatch.setattr(owner, attr, spy)
         return calls
 
+    # --- identities ----------------------------------------------------------------------------------------------------
+    def identity(self, base: str, rules: list[dict]) -> str:
+        """A kubeconfig for a new ServiceAccount `base` bound cluster-wide to a ClusterRole with only `rules` (real
+        RBAC: --authorization-mode RBAC), with a bound token from the TokenRequest API."""
+        ns, name = self.ns("identities"), self.name(base)
+        self.core.create_namespaced_service_account(ns, {"metadata": {"name": base}})
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        rbac.create_cluster_role({"metadata": {"name": name}, "rules": rules})
+        rbac.create_cluster_role_binding({"metadata": {"name": name}, "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": base, "namespace": ns}]})
+        token = self.core.create_namespaced_service_account_token(
+            base, ns, {"spec": {"expirationSeconds": 3600}}).status.token
+        cfg = json.loads(pathlib.Path(self.kubeconfig).read_text())
+        cfg["users"] = [{"name": base, "user": {"token": token}}]
+        for ctx in cfg["contexts"]:
+            ctx["context"]["user"] = base
+        path = self.env.workdir / f"{name}.kubeconfig"
+        write_private(path, json.dumps(cfg))
+        return str(path)
+
     # --- teardown ------------------------------------------------------------------------------------------------------
     def cleanup(self) -> None:
         self._stop.set()
@@ -563,6 +585,13 @@ class Kube:
         for c in self.resource.list_device_class().items:
             if c.metadata.name.startswith(self.prefix):
                 self.resource.delete_device_class(c.metadata.name)
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        for b in rbac.list_cluster_role_binding().items:
+            if b.metadata.name.startswith(self.prefix):
+                rbac.delete_cluster_role_binding(b.metadata.name)
+        for r in rbac.list_cluster_role().items:
+            if r.metadata.name.startswith(self.prefix):
+                rbac.delete_cluster_role(r.metadata.name)
 
 
 def dump(obj: Any) -> str:

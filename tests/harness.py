@@ -57,6 +57,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.dependencies: dict[str, set[str]] = {}  # resource name -> names it depends on
         self.property_dependencies: dict[str, dict[str, set[str]]] = {}  # name -> input -> names it comes from
         self.secret_outputs: dict[str, list[str]] = {}  # name -> its additional_secret_outputs
+        self.providers: dict[str, str] = {}  # resource name -> name of its explicit provider ("" for the default)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         self.registered.append(Registered(args.typ, args.name, dict(args.inputs),
@@ -78,6 +79,8 @@ class RecordingMonitor(MockMonitor):
         self.mocks.property_dependencies[request.name] = {
             prop: {urn.rsplit("::", 1)[-1] for urn in deps.urns} for prop, deps in request.propertyDependencies.items()}
         self.mocks.secret_outputs[request.name] = list(request.additionalSecretOutputs)
+        # A provider reference is "<provider URN>::<provider ID>"; the URN ends with the provider's name.
+        self.mocks.providers[request.name] = request.provider.rsplit("::", 2)[-2] if request.provider else ""
         return super().RegisterResource(request)
 
 
@@ -87,6 +90,7 @@ class Run:
     declared: Any  # Declared
     dependencies: dict[str, set[str]]
     property_dependencies: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    providers: dict[str, str] = field(default_factory=dict)  # resource name -> its explicit provider's name
 
     def depends(self, name: str, on: str) -> bool:
         """True if `name` waits for `on`, directly or through other resources."""
@@ -157,7 +161,7 @@ def run_program(raw: dict[str, Any], secrets: Optional[dict[str, str]] = None, p
         preview,
         mocks,
     )
-    return Run(mocks.registered, declared, mocks.dependencies, mocks.property_dependencies)
+    return Run(mocks.registered, declared, mocks.dependencies, mocks.property_dependencies, mocks.providers)
 
 
 def kubernetes_validate(manifests: list[dict[str, Any]], tmp_path: pathlib.Path) -> subprocess.CompletedProcess:

@@ -333,3 +333,13 @@ def test_worker_pool_rules_opt_outs(raw):
     message = error_for(raw)
     assert "gpu-migration:workerPoolRules.allowAutoscaling: entry 0 is empty" in message
     assert "workerPoolRules.allowRebalance" in message
+
+
+def test_chart_kubeconfig_must_exist_like_kubeconfig(raw, tmp_path):
+    raw["chartKubeconfig"] = str(tmp_path / "charts.kubeconfig")
+    assert (f"gpu-migration:chartKubeconfig: kubeconfig file {raw['chartKubeconfig']!r} does not exist"
+            in error_for(raw))
+    (tmp_path / "charts.kubeconfig").write_text("{}")
+    assert parse(raw).chart_kubeconfig == raw["chartKubeconfig"]
+    del raw["chartKubeconfig"]
+    assert parse(raw).chart_kubeconfig is None

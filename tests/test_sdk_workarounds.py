@@ -74,6 +74,7 @@ def test_queued_registrations_start_before_the_sdk_waits():
         return seen
 
     assert asyncio.run(program()) == list(range(100))
+    asyncio.set_event_loop(asyncio.new_event_loop())  # asyncio.run leaves none; Pulumi's mocks in later tests need one
 
 
 # The SDK's private code each workaround relies on: (module, qualified name) -> (sha256 of its source in the pinned

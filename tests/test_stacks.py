@@ -226,3 +226,24 @@ def test_api_key_comes_from_secret_config():
 
 def test_preview_declares_the_same_resources(pilot_run):
     assert run_program(stack_config("pilot"), preview=True).names() == pilot_run.names()
+
+
+def test_the_helm_releases_use_their_own_kubeconfig_when_chart_kubeconfig_is_set(tmp_path):
+    """gpu-migration:chartKubeconfig: the two releases go through the provider `charts` (the chart identity,
+    rbac/gpu-migration-charts.yaml), everything else of the program through `cluster`; unset, the releases share
+    `cluster` (docs/permissions.md)."""
+    program, charts = tmp_path / "program.kubeconfig", tmp_path / "charts.kubeconfig"
+    program.write_text("{}")
+    charts.write_text("{}")
+    raw = pilot(**{DP_NODE: "dra"})
+    run = run_program({**raw, "kubeconfig": str(program), "chartKubeconfig": str(charts)})
+    provider = {r.name: r for r in run.of_type("pulumi:providers:kubernetes")}
+    assert provider["charts"].inputs["kubeconfig"] == str(charts)
+    assert provider["cluster"].inputs["kubeconfig"] == str(program)
+    assert run.providers["gpu-operator"] == run.providers["dra-driver"] == "charts"
+    own = [r.name for r in run.registered if r.typ.startswith("kubernetes:") and not r.typ.startswith(
+        "kubernetes:helm")]
+    assert own and {run.providers[n] for n in own} == {"cluster"}, {n: run.providers[n] for n in own}
+    shared = run_program({**raw, "kubeconfig": str(program)})
+    assert shared.providers["gpu-operator"] == shared.providers["dra-driver"] == "cluster"
+    assert "charts" not in {r.name for r in shared.of_type("pulumi:providers:kubernetes")}

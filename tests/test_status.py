@@ -195,6 +195,26 @@ def test_404_from_something_that_is_not_kubernetes_is_not_node_not_found(project
     assert "answered HTTP 404" in err and "not a Kubernetes API answer" in err and "not found" not in err
 
 
+def test_an_identity_without_the_status_role_is_told_which_role_to_bind(project, kube, capsys):
+    kubeconfig = kube.identity("viewer", [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}])
+    err = one_line_error(project, capsys, "--outputs", str(project / "outputs.json"), kubeconfig=kubeconfig)
+    user = f"system:serviceaccount:{kube.name('identities')}:viewer"
+    assert f'refused access (403: nodes "{kube.prefix}n1b" is forbidden: User "{user}" cannot get resource "nodes"' \
+        in err, err
+    assert "bind the kubeconfig's identity to the ClusterRole gpu-migration-status" in err
+
+
+def test_the_status_role_is_enough(project, kube, capsys):
+    """rbac/gpu-migration-status.yaml: the table with nothing but its rules."""
+    import yaml
+    from tests.real.identities import RBAC
+    role = next(d for d in yaml.safe_load_all((RBAC / "gpu-migration-status.yaml").read_text()) if d["kind"] ==
+                "ClusterRole")
+    code, out, err = run(project, capsys, "--outputs", str(project / "outputs.json"),
+                         kubeconfig=kube.identity("status", role["rules"]))
+    assert code == 0 and f"{kube.prefix}n1b (was {kube.prefix}n1)" in out, err
+
+
 @pytest.mark.parametrize("stage, facts, expected", [
     ("ibm-managed", status.NodeFacts(), "0/1 (next: operator fenced off)"),
     ("device-plugin", status.NodeFacts(kubelet="v1.35.4+IKS"), "2/4 (next: worker replaced)"),

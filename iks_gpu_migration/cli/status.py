@@ -146,7 +146,12 @@ def read_node(core, name: str, server: str):
             raise StatusError(f"{server} answered HTTP {e.status} {e.reason or ''} to GET /api/v1/nodes/{name}, "
                               f"which is not a Kubernetes API answer: does the kubeconfig point at the cluster's API "
                               f"server? (pass --kubeconfig PATH)") from None
-        if e.status in (401, 403):
+        if e.status == 403:  # authenticated, but RBAC refused: the message names user, verb and resource
+            raise StatusError(f"the API server at {server} refused access (403: {status.get('message')}); `status` "
+                              f"needs `get` on nodes: bind the kubeconfig's identity to the ClusterRole "
+                              f"gpu-migration-status (iks_gpu_migration/rbac/gpu-migration-status.yaml, "
+                              f"docs/permissions.md) or pass --kubeconfig PATH") from None
+        if e.status == 401:
             raise StatusError(f"the API server at {server} refused access ({e.status}: {status.get('message')}); "
                               f"refresh the kubeconfig (`ibmcloud ks cluster config --cluster <cluster>`) or pass "
                               f"--kubeconfig PATH") from None

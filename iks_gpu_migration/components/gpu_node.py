@@ -24,9 +24,11 @@ from . import hooks, smoke_pod
 
 @dataclass
 class Context:
-    """What every node's resources share: the cluster's Kubernetes provider and the IKS API settings."""
+    """What every node's resources share: the cluster's Kubernetes provider and the IKS API settings. The Helm
+    releases have a provider of their own (`chart_provider`: gpu-migration:chartKubeconfig, else the cluster's)."""
     k8s_provider: Optional[k8s.Provider]
     ibm_api: dict[str, Any]
+    chart_provider: Optional[k8s.Provider] = None
 
 
 class GpuNode(pulumi.ComponentResource):

@@ -19,7 +19,7 @@ class GpuOperator(pulumi.ComponentResource):
         super().__init__("gpu-migration:index:GpuOperator", "operator")
         fences = [r for n in gpu_nodes for r in (n.fence, n.labels) if r is not None]
         self.release = charts.gpu_operator_release(cfg.gpu_operator, opts=pulumi.ResourceOptions(
-            parent=self, provider=ctx.k8s_provider, depends_on=[*fences, inventory], aliases=WAS_AT_ROOT))
+            parent=self, provider=ctx.chart_provider, depends_on=[*fences, inventory], aliases=WAS_AT_ROOT))
         self.fenced_names: pulumi.Output[list[str]] = pulumi.Output.all(
             *[n.fenced_name() for n in gpu_nodes]).apply(lambda names: sorted(filter(None, names)))
         self.placement = OperandPlacement(

@@ -81,7 +81,7 @@ def declare(cfg: MigrationConfig) -> Declared:
     warn_two_names(cfg)
     warn_unpinned_image(cfg)
     provider = k8s.Provider("cluster", kubeconfig=cfg.kubeconfig) if cfg.kubeconfig else None
-    ctx = Context(k8s_provider=provider, ibm_api=ibm_api(cfg))
+    ctx = Context(k8s_provider=provider, ibm_api=ibm_api(cfg), chart_provider=chart_provider(cfg, provider))
     out.inventory = inventory(cfg)
     out.master = master_version(cfg, ctx, out.inventory)
     out.temp_pool = temp_gpu_pool(cfg, ctx, out.master)
@@ -112,6 +112,16 @@ def declare(cfg: MigrationConfig) -> Declared:
         if gpu_node.node.stage != "ibm-managed":
             gpu_node.declare_after_hook()
     return out
+
+
+def chart_provider(cfg: MigrationConfig, cluster: Optional[k8s.Provider]) -> Optional[k8s.Provider]:
+    """The Helm releases' identity (rbac/gpu-migration-charts.yaml): gpu-migration:chartKubeconfig, else the cluster's
+    provider. Setting it later moves both releases to the new provider without reinstalling them while it points at
+    the same cluster (pulumi-kubernetes provider.go DiffConfig replaces only when the kubeconfig's active cluster
+    changes)."""
+    if not cfg.chart_kubeconfig:
+        return cluster
+    return k8s.Provider("charts", kubeconfig=cfg.chart_kubeconfig)
 
 
 def inventory(cfg: MigrationConfig) -> GpuNodeInventory:

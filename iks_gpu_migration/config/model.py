@@ -297,6 +297,8 @@ class MigrationConfig(Model):
     worker_pool_rules: WorkerPoolRules = WorkerPoolRules()
     timeouts: Timeouts = Timeouts()
     kubeconfig: Optional[str] = None  # path; default is KUBECONFIG / ~/.kube/config
+    # The Helm releases' own identity (rbac/gpu-migration-charts.yaml): a path; default `kubeconfig`.
+    chart_kubeconfig: Optional[str] = None
     hooks: Hooks = Hooks()
     drain: Drain = Drain()
     # Capacity budget (iks_gpu_migration.plan): GPU nodes unavailable at once, a count or "NN%" of `nodes`.
@@ -384,7 +386,7 @@ class MigrationConfig(Model):
             raise ValueError("CEL selector does not parse: " + "; ".join(bad))
         return v
 
-    @field_validator("kubeconfig")
+    @field_validator("kubeconfig", "chart_kubeconfig")
     @classmethod
     def _kubeconfig_exists(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and not os.path.isfile(os.path.expanduser(v)):

@@ -17,6 +17,8 @@ import requests
 from ibm_cloud_sdk_core import ApiException, BaseService
 from ibm_cloud_sdk_core.authenticators import IAMAuthenticator
 
+from .roles import OPERATOR, VIEWER, needs
+
 API_KEY_ENV = "IC_API_KEY"
 API_KEY_CONFIG = "gpu-migration:ibmApiKey"
 
@@ -157,14 +159,17 @@ class IksClient(BaseService):
         raise AssertionError("unreachable")
 
     # Cluster master
+    @needs(VIEWER)
     def get_cluster(self, cluster: str) -> dict:
         return self._call(f"get cluster {cluster}", "GET", "/v2/vpc/getCluster", params={"cluster": cluster})
 
+    @needs(VIEWER)
     def kube_versions(self) -> set[str]:
         """Kubernetes major.minor versions IKS offers, e.g. {'1.35', '1.36'}."""
         offered = self._call("list Kubernetes versions", "GET", "/v1/versions") or {}
         return {f"{v['major']}.{v['minor']}" for v in offered.get("kubernetes") or []}
 
+    @needs(OPERATOR)
     def update_master(self, cluster: str, version: str) -> None:
         (c,) = self.encode_path_vars(cluster)
         self._call(
@@ -173,10 +178,12 @@ class IksClient(BaseService):
         )
 
     # Workers
+    @needs(VIEWER)
     def list_workers(self, cluster: str, pool: Optional[str] = None, show_deleted: bool = False) -> list[dict]:
         params = {"cluster": cluster, "pool": pool, "showDeleted": str(show_deleted).lower()}
         return self._call(f"list workers of cluster {cluster}", "GET", "/v2/vpc/getWorkers", params=params) or []
 
+    @needs(VIEWER)
     def get_worker(self, cluster: str, worker_id: str) -> Optional[dict]:
         """None if the worker does not exist."""
         return self._call(
@@ -184,6 +191,7 @@ class IksClient(BaseService):
             params={"cluster": cluster, "worker": worker_id}, not_found_ok=True,
         )
 
+    @needs(OPERATOR)
     def replace_worker(self, cluster: str, worker_id: str) -> None:
         """Replace with update=true: the new worker (new ID) runs the master's major.minor version."""
         self._call(
@@ -192,6 +200,7 @@ class IksClient(BaseService):
         )
 
     # Worker pools
+    @needs(OPERATOR)
     def create_worker_pool(
         self, cluster: str, name: str, flavor: str, vpc_id: str, zone: str, subnet_id: str, size_per_zone: int
     ) -> dict:
@@ -203,6 +212,7 @@ class IksClient(BaseService):
             f"create worker pool {name} in cluster {cluster}", "POST", "/v2/vpc/createWorkerPool", body=body
         ) or {}
 
+    @needs(VIEWER)
     def get_worker_pool(self, cluster: str, pool: str) -> Optional[dict]:
         """None if the pool does not exist."""
         return self._call(
@@ -210,6 +220,7 @@ class IksClient(BaseService):
             params={"cluster": cluster, "workerpool": pool}, not_found_ok=True,
         )
 
+    @needs(OPERATOR)
     def remove_worker_pool(self, cluster: str, pool: str) -> None:
         c, p = self.encode_path_vars(cluster, pool)
         self._call(

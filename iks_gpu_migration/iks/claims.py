@@ -99,12 +99,13 @@ def record_entry(props: dict[str, Any], node: Optional[str]) -> None:
     if not evict or not node or not entry:
         return
     from kubernetes import client, config  # kubernetes is only needed when a node is drained or a replacement resumed
+    from ..kube.provider import _short
     from ..kube.records import CONFIG_NAME_ANNOTATION
     try:
         with config.new_client_from_config(config_file=evict.get("kubeconfig") or None) as api:
             client.CoreV1Api(api).patch_node(node, {"metadata": {"annotations": {CONFIG_NAME_ANNOTATION: entry}}})
     except Exception as e:  # noqa: BLE001 - the replacement itself succeeded
-        pulumi.log.warn(f"could not record entry {entry} on node {node} ({CONFIG_NAME_ANNOTATION}): {e}; its "
+        pulumi.log.warn(f"could not record entry {entry} on node {node} ({CONFIG_NAME_ANNOTATION}): {_short(e)}; its "
                         f"readiness step records it")
 
 

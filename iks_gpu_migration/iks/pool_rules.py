@@ -64,7 +64,8 @@ def autoscaler_pools(props: dict[str, Any]) -> frozenset[str]:
                 return frozenset()
             if e.status == 403:  # the kubeconfig may not read kube-system: the API's autoscaleEnabled still counts
                 pulumi.log.warn(f"cannot read ConfigMap {namespace}/{name} (HTTP 403): which pools the cluster "
-                                f"autoscaler manages is taken from IKS's autoscaleEnabled alone")
+                                f"autoscaler manages is taken from IKS's autoscaleEnabled alone (the Role "
+                                f"gpu-migration-autoscaler-config in rbac/gpu-migration.yaml grants the read)")
                 return frozenset()
             raise ReplacementError(f"reading ConfigMap {namespace}/{name} (which pools the cluster autoscaler "
                                    f"manages) failed: HTTP {e.status} {e.reason}; nothing was replaced") from None

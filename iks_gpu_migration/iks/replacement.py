@@ -8,6 +8,7 @@ import pulumi.dynamic as dyn
 from ..common.versions import version_at_least
 from ..common.waiting import WaitTimeout, optional_float, wait_for
 from ..kube.drain_budget import hold_for_budget
+from ..kube.refusals import explained
 from .api import IksApiError, IksClient
 from . import claims, pool_rules
 from .claims import (current_workers, failed_worker_error, find_replacement, record_entry, recorded_by_other_entries,
@@ -68,7 +69,8 @@ class WorkerReplacementProvider(_IksProvider):
         run = _Run(self, props, start)
         error: Optional[BaseException] = None
         try:
-            return self._replace_worker(props, start, run)
+            with explained():  # the drain's and the records' Kubernetes requests (kube/refusals.py)
+                return self._replace_worker(props, start, run)
         except BaseException as e:
             error = e
             run.release_unrequested()

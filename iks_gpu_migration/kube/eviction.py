@@ -27,6 +27,8 @@ from ..common.waiting import WaitTimeout, optional_float, wait_for
 from ..plan.drain import DrainList, DrainOptions, Verdict, namespace_terminating, too_many
 from . import drain_listing
 from .cordon import CORDON_ANNOTATION
+from .provider import _short
+from .refusals import fix
 from .records import DRAIN_ANNOTATION, record_drain
 
 DEFAULT_GPU_RESOURCES = ("nvidia.com/gpu",)
@@ -132,7 +134,7 @@ def _undo_cordon_quietly(api, node: str) -> bool:
     except Exception as e:  # noqa: BLE001 - secondary to the error that stopped the drain or replacement
         if not (isinstance(e, ApiException) and e.status == 404):
             pulumi.log.warn(f"node {node}: the drain's cordon could not be undone ({e.__class__.__name__}: "
-                            f"{str(e)[:120]}); `kubectl uncordon {node}` if its worker is not to be replaced")
+                            f"{_short(e)}); `kubectl uncordon {node}` if its worker is not to be replaced")
         return False
     if undone:
         pulumi.log.info(f"node {node}: the drain's cordon was undone (its worker was not replaced)")
@@ -372,8 +374,7 @@ def _fix_for(code: int, status: dict[str, Any]) -> str:
     if code == 403 and "DisruptionBudget" in json.dumps(status.get("details") or {}):
         return "Its PodDisruptionBudget refuses every eviction now: check its status (`kubectl describe pdb`)"
     if code == 403:
-        return ("The kubeconfig's user may not evict pods: it needs `create` on `pods/eviction` (and `list` on pods, "
-                "`get` on daemonsets) cluster-wide")
+        return f"The kubeconfig's user may not evict pods: {fix()}"
     return "Re-run `pulumi up` to retry"
 
 

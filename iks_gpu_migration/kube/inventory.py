@@ -11,6 +11,7 @@ from pulumi.dynamic import Resource
 from ..common.versions import version_at_least
 from ..plan.gates import IKS_FLAVOR_LABEL, gpu_hints
 from .cluster import GPU_RESOURCE
+from . import permissions
 from .provider import CheckFailed, _bullets, _EveryUp
 from .records import CONFIG_NAME_ANNOTATION
 
@@ -144,6 +145,8 @@ def workers_of_other_entries(api: ApiClient, own: Optional[str]) -> dict[str, st
 
 class _GpuNodeInventoryProvider(_EveryUp):
     def run(self, api, p):
+        # The first check of every `up`, before anything changes: the kubeconfig's identity holds the shipped role.
+        permissions.require(api)
         found = inventory(api, p["configured"], p["worker_ids"], p["operator_min_version"],
                                       p.get("temp_pool"), seen=(p.get("_previous") or {}).get("seen"))
         for w in found.warnings:

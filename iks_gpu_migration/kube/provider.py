@@ -13,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 
 from ..common.waiting import WaitTimeout, optional_float, wait_for
+from .refusals import explained, status_message
 
 
 class CheckFailed(Exception):
@@ -28,8 +29,11 @@ def _bullets(problems: Sequence[str]) -> str:
 
 
 def _short(error: BaseException) -> str:
+    """One line for an error: an API error keeps its status and Kubernetes' own message (which names, for a refusal,
+    the user, the verb and the resource)."""
     if isinstance(error, ApiException):
-        return f"HTTP {error.status} {error.reason}"
+        message = status_message(error)
+        return f"HTTP {error.status} {error.reason}" + (f": {message}" if message else "")
     return " ".join(str(error).split())[:200] or type(error).__name__
 
 
@@ -42,7 +46,7 @@ class _Provider(ResourceProvider):
         raise NotImplementedError
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        with _client(props.get("kubeconfig")) as api:
+        with _client(props.get("kubeconfig")) as api, explained():
             outs = self.run(api, props)
         return CreateResult(id_=f"{type(self).__name__}-{time.time_ns()}", outs={**props, **outs})
 
@@ -102,7 +106,7 @@ class _EveryUp(_Provider):
         return DiffResult(changes=True, replaces=[], delete_before_replace=False)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        with _client(news.get("kubeconfig")) as api:
+        with _client(news.get("kubeconfig")) as api, explained():
             return UpdateResult(outs={**news, **self.run(api, {**news, "_previous": olds})})
 
 

@@ -28,6 +28,7 @@ from . import cluster
 from .cordon import cordon, uncordon_if_ours
 from .labels import DEVICE_PLUGIN_LABEL
 from .provider import CheckFailed, _client, _Provider, _short, _timing
+from .refusals import explained
 
 
 def set_labels(api, node: str, labels: dict[str, Optional[str]]) -> None:
@@ -171,7 +172,7 @@ class _NodePathSwitchProvider(_Provider):
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         """`pulumi refresh`: the path the node's labels show now (someone may have removed the pilot label or turned
         the device plugin back on). A node that is gone reads `missing`."""
-        with _client(props.get("kubeconfig")) as api:
+        with _client(props.get("kubeconfig")) as api, explained():
             try:
                 path = observed_path(labels_of(api, props["node"]), props["pilot_label"])
             except client.ApiException as e:
