@@ -29,6 +29,7 @@ class Registered:
     typ: str
     name: str
     inputs: dict[str, Any]
+    secret_outputs: list[str] = field(default_factory=list)  # the option additional_secret_outputs
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -55,10 +56,12 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.registered: list[Registered] = []
         self.dependencies: dict[str, set[str]] = {}  # resource name -> names it depends on
         self.property_dependencies: dict[str, dict[str, set[str]]] = {}  # name -> input -> names it comes from
+        self.secret_outputs: dict[str, list[str]] = {}  # name -> its additional_secret_outputs
         self.providers: dict[str, str] = {}  # resource name -> name of its explicit provider ("" for the default)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
-        self.registered.append(Registered(args.typ, args.name, dict(args.inputs)))
+        self.registered.append(Registered(args.typ, args.name, dict(args.inputs),
+                                          self.secret_outputs.get(args.name, [])))
         return f"{args.name}-id", fake_outputs(args.name, dict(args.inputs))
 
     def call(self, args: pulumi.runtime.MockCallArgs):
@@ -75,6 +78,7 @@ class RecordingMonitor(MockMonitor):
         self.mocks.dependencies[request.name] = {urn.rsplit("::", 1)[-1] for urn in urns}
         self.mocks.property_dependencies[request.name] = {
             prop: {urn.rsplit("::", 1)[-1] for urn in deps.urns} for prop, deps in request.propertyDependencies.items()}
+        self.mocks.secret_outputs[request.name] = list(request.additionalSecretOutputs)
         # A provider reference is "<provider URN>::<provider ID>"; the URN ends with the provider's name.
         self.mocks.providers[request.name] = request.provider.rsplit("::", 2)[-2] if request.provider else ""
         return super().RegisterResource(request)

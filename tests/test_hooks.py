@@ -1,7 +1,11 @@
-"""Per-node hooks (config `hooks`) under Pulumi mocks: pulumi-command local.Command in the right place of each node."""
+"""Per-node hooks (config `hooks`) under Pulumi mocks: pulumi-command local.Command in the right place of each node;
+the command run as local.Command runs it, in the scrubbed environment (the real engine: tests/real/test_hooks_engine.py)."""
 import copy
+import os
+import subprocess
 
 from harness import run_program, stack_config
+from iks_gpu_migration.components import hooks
 
 DRA_NODE, DP_NODE, IBM_NODE = "10.240.0.11", "10.240.0.12", "10.240.0.13"
 COMMAND = "command:local:Command"
@@ -77,3 +81,57 @@ def test_only_one_hook_configured():
     run = run_program(raw)
     assert {r.name for r in run.of_type(COMMAND)} == {f"{DRA_NODE}-after-verification-hook",
                                                       f"{DP_NODE}-after-verification-hook"}
+
+
+def test_hook_runs_in_the_scrubbed_shell_and_its_output_is_secret():
+    run = run_program(pilot_with_hooks())
+    for kind in ("before-replace", "after-verification"):
+        hook = run.named(f"{DRA_NODE}-{kind}-hook")
+        assert hook.inputs["interpreter"] == hooks.SCRUBBED
+        assert hook.inputs["create"] in HOOKS.values()  # the command itself, unchanged
+        assert sorted(hook.secret_outputs) == ["stderr", "stdout"]
+
+
+OPERATOR_SECRETS = {"IC_API_KEY": "ibm-key-123", "PULUMI_CONFIG_PASSPHRASE": "pass-456",
+                    "PULUMI_ACCESS_TOKEN": "pul-789", "AWS_SECRET_ACCESS_KEY": "aws-0"}
+
+
+def run_like_pulumi_command(command: str, environment: dict[str, str], tmp_path) -> subprocess.CompletedProcess:
+    """What pulumi-command v1.2.1's local.Command does (provider/pkg/provider/local/commandOutputs.go `run`):
+    exec.Command(interpreter..., command) with Env = os.Environ() of the provider plugin (the CLI's environment, here
+    with the operator's secrets) + `environment`, in the project directory."""
+    plugin_env = {**os.environ, **OPERATOR_SECRETS, **environment}
+    return subprocess.run([*hooks.SCRUBBED, command], env=plugin_env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=30)
+
+
+def hook_env(**overrides) -> dict[str, str]:
+    env = {"GPU_MIGRATION_HOOK": "beforeReplace", "GPU_MIGRATION_STACK": "pilot", "GPU_MIGRATION_NODE": DRA_NODE,
+           "GPU_MIGRATION_CONFIGURED_NODE": DRA_NODE, "GPU_MIGRATION_WORKER_ID": "kube-pilot0001-gpu-00000101",
+           "GPU_MIGRATION_STAGE": "dra"}
+    return {**env, **overrides}
+
+
+def test_the_hook_sees_only_path_home_and_its_variables(tmp_path):
+    env = hook_env()
+    done = run_like_pulumi_command("env", env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    seen = dict(line.split("=", 1) for line in done.stdout.splitlines())
+    assert not set(OPERATOR_SECRETS) & set(seen)
+    assert not any(v in done.stdout for v in OPERATOR_SECRETS.values())
+    assert {k: seen.get(k) for k in env} == env
+    assert seen["PATH"] == os.environ["PATH"] and seen["HOME"] == os.environ["HOME"]  # read where the hook runs
+    # Only what the shell itself sets besides (dash: PWD; bash: also SHLVL and _).
+    assert set(seen) - set(env) - {"PATH", "HOME"} <= {"PWD", "OLDPWD", "SHLVL", "_"}, sorted(seen)
+
+
+def test_the_hook_command_and_values_reach_the_shell_unchanged(tmp_path):
+    """The command is the shell's $1 and the values are expanded once inside double quotes: quotes, `$`, `;` and
+    command substitutions in either are never evaluated by the wrapper."""
+    (tmp_path / "marker").unlink(missing_ok=True)
+    odd = 'st"ack $(touch marker) `touch marker` $HOME; x'
+    command = "printf '%s|' \"a b\" '$HOME' \"$GPU_MIGRATION_STACK\"; echo \"$0\"; exit 3"
+    done = run_like_pulumi_command(command, hook_env(GPU_MIGRATION_STACK=odd), tmp_path)
+    assert done.returncode == 3  # a failing hook still fails its resource
+    assert done.stdout == f"a b|$HOME|{odd}|/bin/sh\n"
+    assert not (tmp_path / "marker").exists()

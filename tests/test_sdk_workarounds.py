@@ -1,18 +1,25 @@
 """The SDK workarounds of iks_gpu_migration/sdk_workarounds.py (their effect on time is in benchmarks/preview.py), and
-the SDK internals they and state_compat.py rely on: if an SDK upgrade changes one, a test here fails and names it."""
+the SDK internals they, state_compat.py, rollout.py and config/loading.py rely on: if an SDK upgrade changes one, a
+test here fails and names it. The SDKs are installed at the lock's exact versions (requirements.txt)."""
 import ast
 import asyncio
+import contextvars
 import hashlib
 import importlib.util
 import importlib.metadata
 import inspect
+import json
 import pathlib
-import re
 
 import pulumi.log
+import pulumi.runtime.config
+import pytest
 
 from iks_gpu_migration import sdk_workarounds
+from iks_gpu_migration.components import hooks
 from iks_gpu_migration.components.rollout import DYNAMIC_PROVIDER_WORKERS
+from iks_gpu_migration.config import loading
+from lockfile import REPO, pins, pinned_version
 
 
 class Engine:
@@ -67,6 +74,7 @@ def test_queued_registrations_start_before_the_sdk_waits():
         return seen
 
     assert asyncio.run(program()) == list(range(100))
+    asyncio.set_event_loop(asyncio.new_event_loop())  # asyncio.run leaves none; Pulumi's mocks in later tests need one
 
 
 # The SDK's private code each workaround relies on: (module, qualified name) -> (sha256 of its source in the pinned
@@ -81,6 +89,8 @@ RELIED_ON = {
     ("pulumi.dynamic.dynamic", "serialize_provider"): ("8d5613fceef2f9b0", "state_compat: providers pickled by module and class"),
     ("pulumi.dynamic.__main__", "get_provider"): ("36a42d0f6be3200c", "state_compat: the provider host unpickles them by import"),
     ("pulumi.dynamic.__main__", "main"): ("77f501f1bcbf5341", "rollout.DYNAMIC_PROVIDER_WORKERS (ThreadPoolExecutor(max_workers=4))"),
+    ("pulumi.runtime.config", "set_all_config"): ("dc0d5c55e5193650", "config/loading.py reads the stack's config from runtime.config.CONFIG"),
+    ("pulumi.runtime.config", "get_config_env"): ("510dadb1abf6e33e", "config/loading.py reads PULUMI_CONFIG of older language hosts"),
 }
 
 
@@ -99,11 +109,39 @@ def fingerprint(module: str, qualname: str) -> str:
     return hashlib.sha256(source_of(module, qualname).encode()).hexdigest()[:16]
 
 
-def test_the_sdk_is_the_pinned_version():
-    pinned = re.search(r"^pulumi==(\S+)$", (pathlib.Path(__file__).parents[1] / "requirements.txt").read_text(), re.M)
-    assert pinned, "requirements.txt must pin pulumi exactly (sdk_workarounds.py relies on its internals)"
-    assert importlib.metadata.version("pulumi") == pinned.group(1)
-    assert f"pulumi (Python SDK) {pinned.group(1)}" in inspect.getsource(sdk_workarounds)  # says what it was checked against
+# Packages whose internals or plugins the program relies on: sdk_workarounds.py, state_compat.py, rollout.py and
+# config/loading.py (pulumi); tools/versions registers the Kubernetes provider plugin pulumi_kubernetes requests;
+# hooks.SCRUBBED relies on how the pulumi-command plugin pulumi_command requests runs a command.
+RELIED_ON_PACKAGES = ["pulumi", "pulumi-kubernetes", "pulumi-command"]
+
+
+@pytest.mark.parametrize("package", RELIED_ON_PACKAGES)
+def test_installed_at_the_locked_version(package):
+    locked = pins(REPO / "requirements.txt")
+    assert package in locked, f"requirements.txt must lock {package} (its internals are relied on)"
+    assert importlib.metadata.version(package) == pinned_version(locked[package]), \
+        f"{package} {importlib.metadata.version(package)} is installed, the lock says {locked[package].spec}: " \
+        f"install the lock (docs/testing.md)"
+
+
+def test_the_workarounds_name_the_versions_they_were_checked_against():
+    locked = pins(REPO / "requirements.txt")
+    assert f"pulumi (Python SDK) {pinned_version(locked['pulumi'])}" in inspect.getsource(sdk_workarounds)
+    import pulumi_command
+    plugin = json.loads((pathlib.Path(pulumi_command.__file__).parent / "pulumi-plugin.json").read_text())
+    assert plugin["version"] == hooks.CHECKED_PLUGIN, "re-check hooks.SCRUBBED against this pulumi-command's run()"
+
+
+def test_config_is_read_where_the_language_host_puts_it(monkeypatch):
+    """config/loading.py reads runtime.config.CONFIG (set_all_config) and, for older hosts, PULUMI_CONFIG."""
+    assert isinstance(pulumi.runtime.config.CONFIG, contextvars.ContextVar)
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps({"gpu-migration:clusterName": "from-env"}))
+    pulumi.runtime.set_all_config({"gpu-migration:kubeVersion": "1.37", "gpu-migration:nodes": "[]",
+                                   "gpu-migration:ibmApiKey": "k", "other:key": "x"})
+    try:
+        assert loading.raw_from_pulumi() == {"clusterName": "from-env", "kubeVersion": "1.37", "nodes": []}
+    finally:
+        pulumi.runtime.set_all_config({})
 
 
 def test_sdk_internals_relied_on_are_unchanged():

@@ -10,7 +10,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from ..common.versions import version_at_least
-from ..config import ConfigError, HelmChart
+from ..config import ConfigError, HelmChart, sources
 
 # NVIDIA/k8s-dra-driver-gpu deployments/helm/nvidia-dra-driver-gpu (v25.8.1, v25.12.0):
 # - templates/validation.yaml fails the install when resources.gpus.enabled is true without
@@ -85,14 +85,17 @@ def chart_class_maps(chart: HelmChart, values: dict[str, Any]) -> Optional[str]:
 def helm_release(
     resource_name: str, chart: HelmChart, values: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None
 ) -> k8s.helm.v3.Release:
-    """A pinned chart release; `atomic` rolls a failed upgrade back instead of leaving it half-applied."""
+    """A pinned chart release; `atomic` rolls a failed upgrade back instead of leaving it half-applied. `verify` (with
+    `keyring`) makes Helm check the chart's provenance file before installing it (helm pkg/downloader VerifyChart)."""
+    reference, repo = sources.chart_reference(chart.chart, chart.repo)  # an oci:// repo joins the chart reference
     return k8s.helm.v3.Release(
         resource_name,
         name=resource_name,
-        chart=chart.chart,
+        chart=reference,
         version=chart.version,
-        # oci:// charts carry their registry in the chart reference.
-        repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart.repo) if chart.repo else None,
+        repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=repo) if repo else None,
+        verify=chart.verify or None,  # unset unless asked: no diff for releases made before the option existed
+        keyring=chart.keyring if chart.verify else None,
         namespace=chart.namespace,
         create_namespace=True,
         atomic=True,

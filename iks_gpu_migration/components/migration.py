@@ -14,7 +14,7 @@ from typing import Any, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ..config import OPERATOR_MIN_VERSION, MigrationConfig
+from ..config import OPERATOR_MIN_VERSION, MigrationConfig, sources
 from ..iks.master import MasterVersion
 from ..iks.pool import TempGpuPool
 from ..kube.inventory import GpuNodeInventory
@@ -79,6 +79,7 @@ def declare(cfg: MigrationConfig) -> Declared:
     out = Declared()
     own_class = dra_path.own_class_for(cfg) if cfg.nodes_in("dra") else None  # bad DRA values fail here, at preview
     warn_two_names(cfg)
+    warn_unpinned_image(cfg)
     provider = k8s.Provider("cluster", kubeconfig=cfg.kubeconfig) if cfg.kubeconfig else None
     ctx = Context(k8s_provider=provider, ibm_api=ibm_api(cfg), chart_provider=chart_provider(cfg, provider))
     out.inventory = inventory(cfg)
@@ -160,6 +161,13 @@ def warn_two_names(cfg: MigrationConfig) -> None:
             f"extendedResourceName {cfg.extended_resource_name} differs from devicePluginResourceName "
             f"{cfg.device_plugin_resource}: pods must request {cfg.extended_resource_name} to land on dra nodes and "
             f"{cfg.device_plugin_resource} elsewhere; only nvidia.com/gpu gives one name on both paths")
+
+
+def warn_unpinned_image(cfg: MigrationConfig) -> None:
+    """Against a real cluster, an image by tag runs whatever the registry serves under it that day."""
+    warning = sources.unpinned_image_warning("smokeTest.image", cfg.smoke_test.image)
+    if warning and not cfg.local_environment:
+        pulumi.log.warn(warning)
 
 
 def export(out: Declared) -> None:

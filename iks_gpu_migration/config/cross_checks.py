@@ -8,6 +8,7 @@ from pydantic.alias_generators import to_camel
 
 from ..common.versions import version_at_least
 from ..plan import PlanError, resolve_max_unavailable
+from . import sources
 from .model import MIN_MINOR, MigrationConfig, Node, Timeouts
 
 
@@ -91,3 +92,13 @@ def _poll_below_timeouts(cfg: MigrationConfig) -> Iterable[Problem]:
         yield Problem(("timeouts", "pollInterval"), f"{t.poll_interval:g}s is not below timeouts."
                                                     f"{to_camel(shortest[1])} ({shortest[0]:g}s): nothing would be "
                                                     f"polled twice")
+
+
+@cross_check("gpu_operator", "dra_driver", "ibm_cloud")
+def _chart_sources(cfg: MigrationConfig) -> Iterable[Problem]:
+    """A chart against its repo and version; local charts only in the local environment (config/sources.py)."""
+    for key, chart in (("gpuOperator", cfg.gpu_operator), ("draDriver", cfg.dra_driver)):
+        for field, message in sources.chart_problems(chart.chart, chart.repo, chart.version, cfg.local_environment):
+            yield Problem((key, field), message)
+        if chart.keyring is not None and not chart.verify:
+            yield Problem((key, "keyring"), "is read only with verify: true; set verify: true or leave keyring out")

@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from ..common import names
 from ..plan import DEFAULT_GPU_NODE_SELECTOR, parse_max_unavailable
+from . import sources
 from .grammar import (DNS_SUBDOMAIN, MAX_TIMEOUT, MIN_POLL_INTERVAL, _EXACT_SEMVER, _KUBE_VERSION, _LABEL_VALUE,
                       _OPERATOR_SWITCH_PREFIX, _RESERVED_LABEL_DOMAINS, _WORKER_ID, _is_number_type,
                       check_equality_selector, check_namespace, check_qualified_name, is_dns_subdomain)
@@ -79,11 +80,34 @@ class Node(Model):
 
 
 class HelmChart(Model):
+    # Where the chart comes from (config/sources.py): a chart name in `repo` (https:// repository or oci:// registry),
+    # oci://<registry>/<path>/<chart>[@sha256:<digest>] with `repo` empty, or a local path (local environment only).
     chart: str = Field(min_length=1)
-    repo: str = ""  # empty for oci:// charts
+    repo: str = ""
     version: str = Field(min_length=1)
     namespace: str
     values: dict[str, Any] = {}
+    # Helm's provenance check (`helm install --verify`): the chart's .prov signature against `keyring` (GPG public
+    # keys; Helm's default ~/.gnupg/pubring.gpg). Only for charts published with a .prov file.
+    verify: bool = False
+    keyring: Optional[str] = None
+
+    @field_validator("chart")
+    @classmethod
+    def _chart(cls, v: str) -> str:
+        return sources.check_chart(v)
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str) -> str:
+        return sources.check_repo(v)
+
+    @field_validator("keyring")
+    @classmethod
+    def _keyring_exists(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not os.path.isfile(os.path.expanduser(v)):
+            raise ValueError(f"keyring file {v!r} does not exist")
+        return v
 
     @field_validator("version")
     @classmethod
@@ -100,6 +124,7 @@ class HelmChart(Model):
 
 
 class SmokeTest(Model):
+    # Also the rollback check pod's image. name[:tag][@sha256:<digest>]; a digest pins what runs (config/sources.py).
     image: str = Field(min_length=1)
     namespace: str = "gpu-pilot"
     # Prints the allocated GPU (UUID) and runs a GPU operation; non-zero exit fails verification. It then holds the
@@ -112,6 +137,11 @@ class SmokeTest(Model):
     @classmethod
     def _namespace(cls, v: str) -> str:
         return check_namespace(v)
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        return sources.check_image(v)
 
 
 def _is_loopback(host: Optional[str]) -> bool:
@@ -371,6 +401,11 @@ class MigrationConfig(Model):
     @property
     def one_name_on_both_paths(self) -> bool:
         return self.extended_resource_name == self.device_plugin_resource_name
+
+    @property
+    def local_environment(self) -> bool:
+        """The local environment (gpu_migration_local: the IKS emulator on 127.0.0.1), where local charts are fine."""
+        return _is_loopback(urllib.parse.urlsplit(self.ibm_cloud.endpoint).hostname)
 
     @property
     def tolerations(self) -> list[dict[str, str]]:
