@@ -3,6 +3,7 @@ that answers from a JSON file and logs every call (tests/real/test_killed_up_rec
 Helm and API server)."""
 import base64
 import gzip
+import getpass
 import json
 import os
 import shutil
@@ -147,17 +148,20 @@ def lock(pid=4242, host="here", at=NOW - timedelta(minutes=3)):
 
 def test_a_lock_is_live_only_while_its_process_runs_on_this_host():
     started = (NOW - timedelta(minutes=4)).timestamp()
-    assert judge_lock(lock(), "here", Proc(4242, 1, ("pulumi", "up"), "/p", started), NOW).state == "live"
-    assert judge_lock(lock(), "here", None, NOW).state == "dead"
-    reused = judge_lock(lock(), "here", Proc(4242, 1, ("bash",), "/", NOW.timestamp()), NOW)
+    assert judge_lock(lock(), "here", Proc(4242, 1, ("pulumi", "up"), "/p", started), NOW, "ops").state == "live"
+    assert judge_lock(lock(), "here", None, NOW, "ops").state == "dead"
+    reused = judge_lock(lock(), "here", Proc(4242, 1, ("bash",), "/", NOW.timestamp()), NOW, "ops")
     assert reused.state == "dead" and "started after the lock" in reused.why
-    other = judge_lock(lock(host="ci-runner-7"), "here", None, NOW)
+    other = judge_lock(lock(host="ci-runner-7"), "here", None, NOW, "ops")
     assert other.state == "unknown" and "ops@ci-runner-7 (pid 4242) since 2026-12-03T11:57:00+00:00" in other.why
+    # Another user's pid that /proc doesn't show (hidepid) is not a dead one: cancelling needs --force.
+    hidden = judge_lock(lock(), "here", None, NOW, "someone-else")
+    assert hidden.state == "unknown" and "another user's process" in hidden.why
 
 
 def test_cancel_is_refused_while_an_update_or_its_processes_run_and_needs_force_where_the_holder_is_unseen():
-    dead = judge_lock(lock(), "here", None, NOW)
-    live = judge_lock(lock(), "here", Proc(4242, 1, ("pulumi", "up"), "/p", 0.0), NOW)
+    dead = judge_lock(lock(), "here", None, NOW, "ops")
+    live = judge_lock(lock(), "here", Proc(4242, 1, ("pulumi", "up"), "/p", 0.0), NOW, "ops")
     ok = decide_cancel("file", [dead], [], None, "pilot", True)
     assert ok.cancel and not ok.blockers and not ok.needs_force
     assert not decide_cancel("file", [], [], None, "pilot", True).cancel  # no lock: nothing to cancel
@@ -165,7 +169,7 @@ def test_cancel_is_refused_while_an_update_or_its_processes_run_and_needs_force_
     assert not stopped.cancel and "held by a running update" in stopped.blockers[0]
     plugin = Proc(77, 1, ("/x/pulumi-resource-kubernetes",), "/p", 0.0)
     assert "`kill 77`" in decide_cancel("file", [dead], [plugin], None, "pilot", True).blockers[0]
-    assert decide_cancel("file", [judge_lock(lock(host="elsewhere"), "here", None, NOW)], [], None,
+    assert decide_cancel("file", [judge_lock(lock(host="elsewhere"), "here", None, NOW, "ops")], [], None,
                          "pilot", True).needs_force
     assert decide_cancel("file", [dead], [], None, "pilot", False).cancel  # killed between steps: a lock, no ops
     cloud = decide_cancel("cloud", [], [], "2026-12-03T11:57:00.000Z", "pilot", True)
@@ -259,7 +263,7 @@ class World:
     def lock(self, pid, host=None, at=None):
         path = self.backend / ".pulumi/locks/organization/gpu-migration/pilot" / f"{uuid.uuid4()}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"pid": pid, "username": "ops", "hostname": host or socket.gethostname(),
+        path.write_text(json.dumps({"pid": pid, "username": getpass.getuser(), "hostname": host or socket.gethostname(),
                                     "timestamp": (at or datetime.now(timezone.utc)).isoformat()}))
         return path
 
@@ -449,7 +453,7 @@ def test_a_live_update_on_this_host_blocks_everything(killed, sleeper, monkeypat
     killed.lock(sleeper.pid, at=datetime.now(timezone.utc) + timedelta(seconds=1))
     monkeypatch.setattr(command, "process_table", dict)
     code, text = killed.recover(yes=True, force=True)
-    assert code == 1 and f"held by a running update: ops@{socket.gethostname()} (pid {sleeper.pid})" in text
+    assert code == 1 and f"held by a running update: {getpass.getuser()}@{socket.gethostname()} (pid {sleeper.pid})" in text
     assert "cancel" not in killed.commands() and not (killed.project / ".recover-backups").exists()
 
 
@@ -457,7 +461,7 @@ def test_a_lock_of_another_host_needs_force(killed):
     killed.lock_file.unlink()
     killed.lock(4242, host="ci-runner-7", at=datetime.now(timezone.utc) - timedelta(minutes=2))
     code, text = killed.recover(yes=True)
-    assert code == 1 and "need --force (`pulumi cancel`)" in text and "ops@ci-runner-7 (pid 4242)" in text
+    assert code == 1 and "need --force (`pulumi cancel`)" in text and f"{getpass.getuser()}@ci-runner-7 (pid 4242)" in text
     assert "cancel" not in killed.commands()
     assert killed.recover(yes=True, force=True)[0] == 0 and "cancel" in killed.commands()
 
@@ -493,6 +497,15 @@ def test_the_stacks_kubeconfigs_are_read_not_the_ambient_one(killed):
     assert killed.kube.removed == [("gpu-operator", ("sh.helm.release.v1.gpu-operator.v1",))]
     code, text = killed.recover(kubeconfig="/elsewhere/kubeconfig")
     assert code == 1 and "--kubeconfig /elsewhere/kubeconfig is not the stack's gpu-migration:kubeconfig" in text
+
+
+def test_a_kubeconfig_under_home_is_expanded_as_the_program_expands_it(killed, monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    killed.set(config={"gpu-migration:kubeconfig": "~/.kube/iks.yaml"})
+    assert killed.recover()[0] == 0
+    home = str(tmp_path / "home" / ".kube" / "iks.yaml")
+    assert sorted(killed.kube.reads) == [(home, "helm_records"), (home, "managed_fields")]
+    assert killed.recover(kubeconfig=home)[0] == 0  # the same file named in full is the stack's
 
 
 def test_a_failed_refresh_says_what_to_do_and_the_next_run_finds_and_reads_what_it_left(killed):
@@ -544,7 +557,7 @@ def test_lock_files_of_both_layouts_are_read(tmp_path):
     found = read_locks(tmp_path, "pilot")
     assert [(lk.pid, lk.hostname, lk.timestamp) for lk in found] == [
         (7, "h", datetime(2026, 12, 3, 11, 57, 0, 500000, tzinfo=timezone.utc)), (None, "", None)]
-    assert judge_lock(found[1], "h", None, NOW).state == "unknown"  # unreadable: never taken as dead
+    assert judge_lock(found[1], "h", None, NOW, "ops").state == "unknown"  # unreadable: never taken as dead
 
 
 def test_a_process_is_read_from_proc(sleeper):

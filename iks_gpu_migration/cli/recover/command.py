@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
 import os
 import pathlib
 import socket
@@ -29,13 +30,14 @@ def stack_kubeconfigs(cli: Cli, project: pathlib.Path, flag: Optional[str]) -> t
     reads the cluster through the stack's providers, so recover reads that cluster too. Without `kubeconfig`,
     --kubeconfig or the ambient KUBECONFIG / ~/.kube/config, as the program's default provider does."""
     configured = cli.config(f"{PROJECT}:kubeconfig")
-    path = str((project / configured).resolve()) if configured else None
+    # `~` as the program's own kubeconfig validator and the Kubernetes client expand it
+    path = str((project / os.path.expanduser(configured)).resolve()) if configured else None
     if path and flag and pathlib.Path(flag).resolve() != pathlib.Path(path):
         raise RecoverError(f"--kubeconfig {flag} is not the stack's {PROJECT}:kubeconfig ({configured}): the "
                            f"refresh reads the stack's cluster, so recover reads that one too; drop --kubeconfig")
     cluster = path or flag
     charts = cli.config(f"{PROJECT}:chartKubeconfig")
-    return cluster, str((project / charts).resolve()) if charts else cluster
+    return cluster, str((project / os.path.expanduser(charts)).resolve()) if charts else cluster
 
 
 class Recovery:
@@ -83,8 +85,8 @@ class Recovery:
     def holders(self, now: datetime) -> list[Holder]:
         if self.root is None:
             return []
-        host = socket.gethostname()
-        return [judge_lock(lock, host, read_proc(lock.pid) if lock.pid else None, now)
+        host, user = socket.gethostname(), getpass.getuser()  # the username pulumi writes (lock.go: user.Current)
+        return [judge_lock(lock, host, read_proc(lock.pid) if lock.pid else None, now, user)
                 for lock in read_locks(self.root, self.name)]
 
     def killed_start(self, holders: list[Holder], in_progress: Optional[str]) -> tuple[Optional[datetime], str]:

@@ -51,14 +51,18 @@ def describe(lock: Lock, now: datetime) -> str:
     return f"{lock.username or '?'}@{lock.hostname or '?'} (pid {lock.pid}) {since}, lock file {lock.path}"
 
 
-def judge_lock(lock: Lock, this_host: str, proc: Optional[Proc], now: datetime) -> Holder:
+def judge_lock(lock: Lock, this_host: str, proc: Optional[Proc], now: datetime, this_user: str) -> Holder:
     """Live: its pid runs on this host and started before the lock was taken. Dead: the pid is gone, or it now
-    belongs to a process started after the lock. Unknown: another host's, or unreadable."""
+    belongs to a process started after the lock. Unknown: another host's, unreadable, or another user's pid that is
+    not visible: /proc mounted with hidepid hides other users' processes (proc(5)), so "not seen" is not "gone"."""
     who = describe(lock, now)
     if lock.pid is None or lock.timestamp is None:
         return Holder(lock, "unknown", f"unreadable lock file {lock.path}")
     if lock.hostname != this_host:
         return Holder(lock, "unknown", f"held by {who}: another host, so recover can't see whether it still runs")
+    if proc is None and lock.username != this_user:
+        return Holder(lock, "unknown", f"held by {who}: another user's process, which /proc may hide from "
+                                       f"{this_user}, so recover can't see whether it still runs")
     if proc is None:
         return Holder(lock, "dead", f"held by {who}: that process no longer runs")
     if proc.started > lock.timestamp.timestamp() + PID_REUSE_SLACK:
