@@ -36,6 +36,7 @@ CONFIGMAP = {"urn": P + "kubernetes:core/v1:ConfigMap::kept", "type": "kubernete
 REPLACEMENT = {"urn": P + "pulumi-python:dynamic/gpu-migration:WorkerReplacement::a-replacement",
                "type": "pulumi-python:dynamic/gpu-migration:WorkerReplacement", "inputs": {}}
 APPLIED = [{"manager": "pulumi-kubernetes-0a1b2c3d", "operation": "Apply", "time": "2026-12-03T11:59:00Z"}]
+STARTED = NOW - timedelta(minutes=3)  # the killed update's lock
 
 
 # --- deciding (pure) -----------------------------------------------------------------------------------------------
@@ -62,18 +63,22 @@ def test_only_pending_creates_are_resolved():
 
 
 def test_an_object_is_adopted_only_with_pulumi_kubernetes_field_manager():
-    adopted = decide_object(CONFIGMAP, APPLIED + [{"manager": "kubectl", "operation": "Update"}])
+    adopted = decide_object(CONFIGMAP, APPLIED + [{"manager": "kubectl", "operation": "Update"}], STARTED, "lock")
     assert (adopted.action, adopted.id, adopted.field_manager, adopted.forced) == \
         ("adopt", "ns/kept", "pulumi-kubernetes-0a1b2c3d", False)
-    foreign = decide_object(CONFIGMAP, [{"manager": "kubectl-client-side-apply", "operation": "Update"}])
+    foreign = decide_object(CONFIGMAP, [{"manager": "kubectl-client-side-apply", "operation": "Update"}], STARTED, "lock")
     assert foreign.forced and foreign.field_manager is None and "kubectl-client-side-apply" in foreign.why
-    assert decide_object(CONFIGMAP, None).action == "clear"  # not in the cluster: the next `up` creates it
-    assert decide_object(REPLACEMENT, None).action == "clear"
+    assert decide_object(CONFIGMAP, None, STARTED, "lock").action == "clear"  # not in the cluster: the next `up` creates it
+    assert decide_object(REPLACEMENT, None, STARTED, "lock").action == "clear"
     two = decide_object(CONFIGMAP, APPLIED + [{"manager": "pulumi-kubernetes-99999999", "operation": "Apply",
-                                               "time": "2026-12-03T11:00:00Z"}])
+                                               "time": "2026-12-03T11:00:00Z"}], STARTED, "lock")
     assert two.forced and two.field_manager == "pulumi-kubernetes-0a1b2c3d"  # the newest, with --force
     # An Update by the same name is not a server-side apply; the annotation names the manager when set.
     assert pulumi_managers(CONFIGMAP, [{"manager": "pulumi-kubernetes-0a1b2c3d", "operation": "Update"}]) == []
+    # Another Pulumi stack's object: its pulumi-kubernetes manager applied it before the killed update started.
+    older = decide_object(CONFIGMAP, APPLIED, NOW, "lock")
+    assert older.forced and "another Pulumi stack may have made it" in older.why
+    assert decide_object(CONFIGMAP, APPLIED, None, "no lock").forced  # start unknown: can't tell
     annotated = {**CONFIGMAP, "inputs": {"metadata": {"annotations": {"pulumi.com/patchFieldManager": "mine"}}}}
     assert pulumi_managers(annotated, APPLIED + [{"manager": "mine", "operation": "Apply"}]) == ["mine"]
 
@@ -326,7 +331,8 @@ def killed(tmp_path, monkeypatch):
     ended = subprocess.Popen(["true"])
     ended.wait()
     world.lock_file = world.lock(ended.pid, at=datetime.now(timezone.utc) - timedelta(minutes=2))
-    world.kube.objects["ns/kept"] = APPLIED
+    applied = (datetime.now(timezone.utc) - timedelta(minutes=1)).isoformat(timespec="seconds")
+    world.kube.objects["ns/kept"] = [{**APPLIED[0], "time": applied}]  # during the killed update
     world.kube.records["gpu-operator/gpu-operator"] = [record(first=datetime.now(timezone.utc) - timedelta(minutes=1))]
     return world
 
@@ -597,3 +603,10 @@ def test_an_import_refused_after_the_cancel_says_what_was_done(killed):
     assert "Done before that: removed Helm record(s) sh.helm.release.v1.gpu-operator.v1" in text
     assert "cancelled the killed update" in text and "Run recover again" in text
     assert "refresh" not in killed.commands()
+
+
+def test_a_bucket_backend_without_pending_operations_does_not_claim_there_is_no_lock(tmp_path, monkeypatch):
+    world = World(tmp_path, monkeypatch, {"resources": []}, url="s3://team-state")
+    code, text = world.recover()
+    assert code == 0 and "doesn't read the bucket's lock files" in text and "no lock to remove" not in text
+    assert "pulumi cancel --stack pilot" in text and "cancel" not in world.commands()

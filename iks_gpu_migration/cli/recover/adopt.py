@@ -77,9 +77,20 @@ def pulumi_managers(resource: dict[str, Any], managed_fields: list[dict[str, Any
     return list(dict.fromkeys(names))
 
 
-def decide_object(resource: dict[str, Any], managed_fields: Optional[list[dict[str, Any]]]) -> Step:
-    """A plain Kubernetes object: adopted (with its field manager) when pulumi-kubernetes applied it; `managed_fields`
-    is None when the object does not exist."""
+def applied_at(managed_fields: list[dict[str, Any]], manager: str) -> Optional[datetime]:
+    """When `manager` last applied the object (managedFields `time`, RFC 3339 to the second), None if not recorded."""
+    times = [m.get("time") for m in managed_fields if m.get("manager") == manager and m.get("operation") == "Apply"]
+    try:
+        return max(datetime.fromisoformat(t) for t in times if t)
+    except ValueError:  # no time recorded, or one that doesn't parse
+        return None
+
+
+def decide_object(resource: dict[str, Any], managed_fields: Optional[list[dict[str, Any]]],
+                  killed_start: Optional[datetime], start_source: str) -> Step:
+    """A plain Kubernetes object: adopted (with its field manager) when pulumi-kubernetes applied it during the killed
+    update; `managed_fields` is None when the object does not exist. Another Pulumi stack's object carries a
+    pulumi-kubernetes manager too: only one that applied it after the killed update started is this update's."""
     urn, rid = resource["urn"], provider_id(resource)
     if rid is None:
         return Step(urn, "clear", "its step resumes from the real state on the next `up`")
@@ -87,7 +98,15 @@ def decide_object(resource: dict[str, Any], managed_fields: Optional[list[dict[s
         return Step(urn, "clear", f"{rid} is not in the cluster: the next `up` creates it")
     managers = pulumi_managers(resource, managed_fields)
     if len(managers) == 1:
-        return Step(urn, "adopt", f"pulumi-kubernetes applied it (field manager {managers[0]})", rid, managers[0])
+        when = applied_at(managed_fields, managers[0])
+        # managedFields times are cut to the second; the lock's timestamp is not
+        if killed_start is None or when is None or when < killed_start.replace(microsecond=0):
+            return Step(urn, "adopt", f"{rid} was applied by pulumi-kubernetes (field manager {managers[0]}) "
+                        f"{_when(when)}, and the killed update started {_when(killed_start)} ({start_source}): "
+                        f"another Pulumi stack may have made it, and once adopted a later change or destroy of "
+                        f"this stack deletes it", rid, managers[0], forced=True)
+        return Step(urn, "adopt", f"pulumi-kubernetes applied it (field manager {managers[0]}) {_when(when)}, after "
+                    f"the killed update started", rid, managers[0])
     if managers:
         return Step(urn, "adopt", f"{rid} has several pulumi-kubernetes field managers ({', '.join(managers)}): "
                     f"another Pulumi stack may manage it too", rid, managers[0], forced=True)

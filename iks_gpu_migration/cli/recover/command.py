@@ -122,7 +122,7 @@ class Recovery:
     def decide_create(self, resource: dict[str, Any], start: Optional[datetime], source: str) -> Step:
         rid = provider_id(resource)
         if rid is None:
-            return decide_object(resource, None)
+            return decide_object(resource, None, start, source)
         namespace, _, name = rid.rpartition("/")
         if resource["type"] == HELM_RELEASE:
             with self.kube_errors(f"reading the Helm records of {rid}", self.chart_kubeconfig, "nothing changed"):
@@ -130,7 +130,7 @@ class Recovery:
             return decide_release(resource, records, start, source)
         with self.kube_errors(f"reading {rid}", self.kubeconfig, "nothing changed"):
             fields = self.cluster(self.kubeconfig).managed_fields(resource, namespace or None, name)
-        return decide_object(resource, fields)
+        return decide_object(resource, fields, start, source)
 
     @contextlib.contextmanager
     def kube_errors(self, what: str, kubeconfig: Optional[str], state: str) -> Iterator[None]:
@@ -176,6 +176,12 @@ class Recovery:
         unread = never_read(deployment)
         pending = bool(deployment.get("pending_operations"))
         if not (pending or unread or cancel.cancel):
+            if self.backend == "diy":  # a bucket's lock files are not read (decide_cancel): don't claim "no lock"
+                self.out(f"stack {self.stack}: no pending operations; recover doesn't read the bucket's lock files, "
+                         f"so if `pulumi up --stack {self.stack}` says the stack is locked, check that the files "
+                         f"under .pulumi/locks/organization/{PROJECT}/{self.name}/ name no running process (pid, "
+                         f"hostname, timestamp), then run `pulumi cancel --stack {self.stack}`")
+                return 0
             self.out(f"stack {self.stack}: no pending operations and no lock to remove; run `pulumi up --stack "
                      f"{self.stack}`")
             return 0
