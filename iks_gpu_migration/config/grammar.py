@@ -37,6 +37,33 @@ _OPERATOR_SWITCH_PREFIX = "nvidia.com/gpu.deploy."
 _RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io")
 
 
+# IBM Cloud's hosts for the IKS and IAM APIs, public and private. A region is like us-south, eu-de, jp-osa, eu-fr2.
+# IKS: the global endpoint, the regional ones (ibmcloud ks init --host https://<region>.containers.cloud.ibm.com),
+# the private cloud service endpoint private.<region>.containers (terraform-provider-ibm ibm/conns/config.go, with
+# /global) and the VPE form <region>.private.containers. IAM: iam, the VPC/VPE private endpoint private.iam, and the
+# classic private endpoints private.<region>.iam (IAM Identity API docs "Endpoint URLs"; terraform-provider-ibm).
+_REGION = r"[a-z]{2}-[a-z0-9]{2,6}"
+
+
+IKS_HOSTS = ("containers.cloud.ibm.com", "<region>.containers.cloud.ibm.com",
+             "private.<region>.containers.cloud.ibm.com", "<region>.private.containers.cloud.ibm.com")
+
+
+IAM_HOSTS = ("iam.cloud.ibm.com", "private.iam.cloud.ibm.com", "private.<region>.iam.cloud.ibm.com")
+
+
+def _hosts(forms: tuple[str, ...]) -> "re.Pattern[str]":
+    alternatives = "|".join(re.escape(f).replace(re.escape("<region>"), _REGION) for f in forms)
+    return re.compile(rf"^({alternatives})\Z")
+
+
+_IKS_HOST, _IAM_HOST = _hosts(IKS_HOSTS), _hosts(IAM_HOSTS)
+
+
+def is_ibm_cloud_host(host: str, iam: bool) -> bool:
+    return bool((_IAM_HOST if iam else _IKS_HOST).match(host))
+
+
 MAX_TIMEOUT = 7 * 24 * 3600  # a bounded wait needs a bound a person would choose
 
 

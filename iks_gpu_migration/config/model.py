@@ -138,6 +138,9 @@ class Taint(Model):
 class IbmCloud(Model):
     endpoint: str = "https://containers.cloud.ibm.com/global"
     iam_endpoint: str = "https://iam.cloud.ibm.com"
+    # The API key goes to iamEndpoint and IAM tokens to endpoint: only IBM Cloud's own hosts unless this is true
+    # (a proxy, a test environment, the local emulators); cross_checks.py _ibm_cloud_hosts.
+    allow_custom_endpoints: bool = False
 
     @field_validator("endpoint", "iam_endpoint")
     @classmethod
@@ -146,7 +149,15 @@ class IbmCloud(Model):
         url = urllib.parse.urlsplit(v)
         if not url.hostname or not (url.scheme == "https" or (url.scheme == "http" and _is_loopback(url.hostname))):
             raise ValueError(f"{v!r} is not an https:// URL")
+        if url.username is not None or url.password is not None:
+            raise ValueError(f"{v!r} carries credentials (user:password@); give the plain URL")
         return v
+
+    @property
+    def hosts(self) -> dict[str, str]:
+        """Config key -> the host it points at."""
+        return {"endpoint": urllib.parse.urlsplit(self.endpoint).hostname or "",
+                "iamEndpoint": urllib.parse.urlsplit(self.iam_endpoint).hostname or ""}
 
 
 class TempGpuPool(Model):

@@ -16,7 +16,7 @@ def local_config(cluster, iks, nodes: list[dict], kube_version: str = "1.37", **
         "clusterName": iks.cluster_name,
         "kubeVersion": kube_version,
         "kubeconfig": str(cluster.kubeconfig),
-        "ibmCloud": {"endpoint": iks.url, "iamEndpoint": iks.url},
+        "ibmCloud": {"endpoint": iks.url, "iamEndpoint": iks.url, "allowCustomEndpoints": True},
         "nodes": nodes,
         "gpuOperator": {"chart": str(CHARTS / "gpu-operator"), "version": "v25.10.1", "namespace": "gpu-operator",
                         "values": {}},
