@@ -2,6 +2,8 @@
 import re
 from typing import Any, Union, get_args, get_origin
 
+from ..common import names
+
 
 # Kubernetes name grammars (apimachinery validation).
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -72,6 +74,14 @@ MIN_POLL_INTERVAL = 0.01  # below this a wait hammers the API server (tests poll
 
 def is_dns_subdomain(value: str) -> bool:
     return len(value) <= 253 and bool(DNS_SUBDOMAIN.match(value))
+
+
+def node_name_problems(value: Any) -> list[str]:
+    """Why `value` can't be a node name this program puts into field and label selectors and object names; [] if it
+    can. The same rule for configured names (model.Node) and names read back from IKS (iks/workers.py)."""
+    if not isinstance(value, str) or not is_dns_subdomain(value):
+        return ["is not a valid Kubernetes node name (DNS subdomain)"]
+    return names.node_name_problems(value)
 
 
 def check_qualified_name(value: str, require_prefix: bool = False) -> str:

@@ -14,11 +14,11 @@ from typing import Any, Literal, Optional, Union, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
-from ..common import names
 from ..plan import DEFAULT_GPU_NODE_SELECTOR, parse_max_unavailable
 from .grammar import (DNS_SUBDOMAIN, MAX_TIMEOUT, MIN_POLL_INTERVAL, _EXACT_SEMVER, _KUBE_VERSION, _LABEL_VALUE,
                       _OPERATOR_SWITCH_PREFIX, _RESERVED_LABEL_DOMAINS, _WORKER_ID, _is_number_type,
-                      check_equality_selector, check_namespace, check_qualified_name, is_dns_subdomain)
+                      check_equality_selector, check_namespace, check_qualified_name, is_dns_subdomain,
+                      node_name_problems)
 
 NAMESPACE = "gpu-migration"
 Stage = Literal["ibm-managed", "device-plugin", "dra"]
@@ -62,9 +62,7 @@ class Node(Model):
     def _node_name(cls, v: Optional[str]) -> Optional[str]:
         if v is None:
             return v
-        if not is_dns_subdomain(v):
-            raise ValueError(f"node name {v!r} is not a valid Kubernetes node name (DNS subdomain)")
-        problems = names.node_name_problems(v)
+        problems = node_name_problems(v)
         if problems:
             raise ValueError(f"node name {v!r} {'; '.join(problems)}")
         return v
