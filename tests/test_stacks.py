@@ -86,6 +86,11 @@ def test_pilot_order(pilot_run):
     for name in ("gpu-operator", "master-version", "dra-driver", "device-class", f"{DRA_NODE}-replacement",
                  "batch-1-gate"):
         assert run.depends(name, "gpu-node-inventory")
+    # ... and the inventory, like everything the stack declares, waits for the check that the kubeconfig's cluster is
+    # clusterName (iks/identity.py).
+    for resource in run.registered:
+        if resource.name != "cluster-identity" and not resource.typ.startswith(("gpu-migration:index:", "pulumi:")):
+            assert run.depends(resource.name, "cluster-identity"), resource.name
     assert run.depends("operand-placement", "gpu-operator")
     # Readiness waits for the operator and its placement check through its namespace input, without an edge
     # (rollout.once_done; tests/test_node_identity.py checks a failed operator holds it back).

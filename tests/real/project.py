@@ -52,7 +52,8 @@ class Project:
         return self.engine.stack(stack, program)
 
 
-EVERY_UP_CHECKS = {"gpu-node-inventory", "operand-placement"}  # read-only checks that run (as updates) on every up
+# Read-only checks that run (as updates) on every up.
+EVERY_UP_CHECKS = {"cluster-identity", "gpu-node-inventory", "operand-placement"}
 
 
 SYMBOLS = {"create": "+", "delete": "-", "update": "~", "replace": "+-", "create-replacement": "+-",
