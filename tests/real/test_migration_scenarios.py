@@ -7,7 +7,7 @@ import time
 
 import pytest
 from kubernetes import client
-from pulumi.automation import CommandError
+from pulumi.automation import CommandError, ConfigValue
 
 from gpu_migration_local.gpu_doubles import gpu_uuid
 from preview_diff import preview
@@ -130,17 +130,28 @@ def test_failing_smoke_test_stops_up_and_names_the_criterion(env):
 def test_bad_config_fails_preview_naming_the_key_and_creates_nothing(env):
     cfg = env.config(PILOT_STAGES)
     cfg["nodes"][1]["stage"] = "dra-pilot"
+    cfg["ibmApiKey"] = env.iks.api_key  # `pulumi config set` without --secret: readable in the stack file
     env.project.write_stack(cfg)
     stack = env.project.stack()
     with pytest.raises(CommandError) as failed:
         stack.preview(on_output=print)
     assert "gpu-migration:nodes[1].stage" in str(failed.value) and "dra-pilot" in str(failed.value)
+    # Told apart by the engine (the program's configSecretKeys), reported with the other problem.
+    assert "gpu-migration:ibmApiKey: is set in plain text" in str(failed.value)
+    assert "pulumi config set --secret gpu-migration:ibmApiKey" in str(failed.value)
     with pytest.raises(CommandError):
         stack.up(on_output=print)
     assert [r for r in stack.export_stack().deployment.get("resources", [])
             if r["type"] != "pulumi:pulumi:Stack"] == []
     assert all(not (n.metadata.labels or {}).get("nvidia.com/gpu.deploy.operands") for n in env.core.list_node().items)
     assert env.iks.count("PUT", f"/v1/clusters/{env.iks.cluster_name}") == 0
+    # Fixed: the stage, and the key set as a secret (encrypted in the stack file): preview passes.
+    del cfg["ibmApiKey"]
+    cfg["nodes"][1]["stage"] = PILOT_STAGES[B]
+    env.project.write_stack(cfg)
+    stack.set_config("gpu-migration:ibmApiKey", ConfigValue(env.iks.api_key, secret=True))
+    assert env.iks.api_key not in (env.project.dir / "Pulumi.local.yaml").read_text()
+    stack.preview(on_output=print)
 
 
 # 5 -----------------------------------------------------------------------------------------------------------------
