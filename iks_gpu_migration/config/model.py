@@ -17,8 +17,7 @@ from pydantic.alias_generators import to_camel
 from ..plan import DEFAULT_GPU_NODE_SELECTOR, parse_max_unavailable
 from .grammar import (DNS_SUBDOMAIN, MAX_TIMEOUT, MIN_POLL_INTERVAL, _EXACT_SEMVER, _KUBE_VERSION, _LABEL_VALUE,
                       _OPERATOR_SWITCH_PREFIX, _RESERVED_LABEL_DOMAINS, _WORKER_ID, _is_number_type,
-                      check_equality_selector, check_namespace, check_qualified_name, is_dns_subdomain,
-                      node_name_problems)
+                      check_equality_selector, check_namespace, check_qualified_name, node_name_problems)
 
 NAMESPACE = "gpu-migration"
 Stage = Literal["ibm-managed", "device-plugin", "dra"]
