@@ -111,7 +111,7 @@ def test_failing_smoke_test_stops_up_and_names_the_criterion(env):
     # stays cordoned, and not in the stack state (the next `up` judges again).
     deployed = {r["urn"].rsplit("::", 1)[1]: r for r in stack.export_stack().deployment["resources"]}
     new_a = deployed[f"{A}-replacement"]["outputs"]["node_name"]
-    assert f"smoke test gpu-pilot/gpu-smoke-{A} on node {new_a} failed" in str(failed.value)
+    assert f"smoke test gpu-pilot/gpu-smoke-test-{A} on node {new_a} failed" in str(failed.value)
     assert "criterion 3 (GPU in logs)" in str(failed.value) and gpu_uuid(new_a, 0) in str(failed.value)
     assert not any(f"criterion {n}" in str(failed.value) for n in (1, 2, 4))
     assert f"{A}-smoke-verification" not in deployed
