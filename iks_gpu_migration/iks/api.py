@@ -61,13 +61,12 @@ def api_message(error: ApiException, secrets: Iterable[str] = ()) -> str:
     except Exception:  # noqa: BLE001 - non-JSON error bodies keep the SDK's message
         body = {}
     body = body if isinstance(body, dict) else {}
+    context = body.get("context") if isinstance(body.get("context"), dict) else {}
     text = body.get("description") or body.get("errorMessage") or str(error.message)
-    ids = [f"code {body.get('code') or body.get('errorCode')}" if body.get("code") or body.get("errorCode") else "",
-           f"incident {body['incidentID']}" if body.get("incidentID") else "",
-           f"request {(body.get('context') or {}).get('requestId')}"
-           if isinstance(body.get("context"), dict) and body["context"].get("requestId") else ""]
-    ids = [i for i in ids if i]
-    return safe(f"{text} ({', '.join(ids)})" if ids else str(text), secrets)
+    ids = ", ".join(f"{what} {value}" for what, value in (("code", body.get("code") or body.get("errorCode")),
+                                                           ("incident", body.get("incidentID")),
+                                                           ("request", context.get("requestId"))) if value)
+    return safe(f"{text} ({ids})" if ids else str(text), secrets)
 
 
 class IksClient(BaseService):
