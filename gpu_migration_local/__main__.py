@@ -40,7 +40,9 @@ def seed(iks: IksEmulator, config: dict) -> None:
     for node in config["gpu-migration:nodes"]:
         worker = iks.add_worker(pool_name="gpu", version="1.35.4_1540", worker_id=node["workerId"])
         worker["networkInterfaces"][0]["ipAddress"] = node["name"]
-    iks._ids = itertools.count(1000)  # replacements get addresses that are never a configured name
+    # New workers get 10.240.0.(n % 250 + 2) from this counter, shared with IAM tokens: from 1020 that is .22 upwards
+    # for 230 draws, never a configured name (.11-.13); from 1000 the ninth draw was .11 (tests/real/local_iks.py).
+    iks._ids = itertools.count(1020)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -175,7 +175,7 @@ def fleet_up(n: int, max_unavailable: str, replace_seconds: float, tmp_dir, host
             setup(kube)
         raw = copy.deepcopy(stack_config("pilot"))
         raw.update(nodes=nodes, maxUnavailable=max_unavailable, kubeconfig=kube.kubeconfig,
-                   ibmCloud={"endpoint": iks.url, "iamEndpoint": iks.url},
+                   ibmCloud={"endpoint": iks.url, "iamEndpoint": iks.url, "allowCustomEndpoints": True},
                    timeouts={"workerReplace": 60 + 10 * replace_seconds, "capacityGate": capacity_timeout,
                              "pollInterval": poll_interval})
         mocks = FleetMocks(iks, raw["kubeconfig"], host_workers, fail)

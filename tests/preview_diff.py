@@ -18,7 +18,7 @@ repeated until nothing more changes. Component resources
 (GpuNode) show as updated when their inputs change (pulumi/pulumi pkg/resource/deploy/step_generator.go: diff,
 "no provider").
 Checks that look at the cluster again on every `up` (kube/provider.py _EveryUp: the GPU node inventory and the operand
-placement checks) always show as updated; they are listed apart, under "every up", so each case shows what the
+placement checks; iks/identity.py: the cluster identity) always show as updated; they are listed apart, under "every up", so each case shows what the
 config change itself does.
 """
 import base64
@@ -74,8 +74,9 @@ def _provider(inputs: dict):
 
 
 def _runs_every_up(inputs: dict) -> bool:
+    from iks_gpu_migration.iks.identity import ClusterIdentityProvider
     from iks_gpu_migration.kube.provider import _EveryUp
-    return "__provider" in inputs and isinstance(_provider(inputs), _EveryUp)
+    return "__provider" in inputs and isinstance(_provider(inputs), (_EveryUp, ClusterIdentityProvider))
 
 
 def _change(name: str, typ: str, old: dict, new: dict) -> str:

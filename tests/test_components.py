@@ -126,7 +126,7 @@ def test_smoke_pod():
     registered = registered_by(lambda: smoke_test.smoke_pod("10.0.0.1", "10.0.0.1", smoke, "example.com/gpu", PILOT))
     (pod,) = registered
     spec = pod.inputs["spec"]
-    assert pod.inputs["metadata"]["name"] == "gpu-smoke-10.0.0.1"
+    assert pod.inputs["metadata"]["name"] == "gpu-smoke-test-10.0.0.1"
     assert pod.inputs["metadata"]["namespace"] == "gpu-pilot"
     assert spec["restartPolicy"] == "Never"
     assert spec["nodeSelector"] == {"kubernetes.io/hostname": "10.0.0.1", "migration.example.com/gpu-dra": "pilot"}

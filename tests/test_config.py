@@ -237,8 +237,43 @@ def test_endpoint_must_be_https(raw, key, url):
 
 
 def test_plain_http_only_to_a_local_emulator(raw):
-    raw["ibmCloud"] = {"endpoint": "http://127.0.0.1:8080", "iamEndpoint": "http://localhost:9"}
+    raw["ibmCloud"] = {"endpoint": "http://127.0.0.1:8080", "iamEndpoint": "http://localhost:9",
+                       "allowCustomEndpoints": True}
     assert parse(raw).ibm_cloud.endpoint == "http://127.0.0.1:8080"
+
+
+@pytest.mark.parametrize("endpoint,iam", [
+    ("https://containers.cloud.ibm.com/global", "https://iam.cloud.ibm.com"),
+    ("https://private.us-south.containers.cloud.ibm.com/global", "https://private.iam.cloud.ibm.com"),
+    ("https://us-south.private.containers.cloud.ibm.com/global", "https://private.eu-de.iam.cloud.ibm.com"),
+    ("https://eu-de.containers.cloud.ibm.com", "https://iam.cloud.ibm.com/"),
+])
+def test_ibm_cloud_hosts_public_and_private(raw, endpoint, iam):
+    raw["ibmCloud"] = {"endpoint": endpoint, "iamEndpoint": iam}
+    assert parse(raw).ibm_cloud.iam_endpoint == iam
+
+
+@pytest.mark.parametrize("key,url,host", [
+    ("endpoint", "https://containers.cloud.ibm.com.example.net/global", "containers.cloud.ibm.com.example.net"),
+    ("endpoint", "https://evilcontainers.cloud.ibm.com/global", "evilcontainers.cloud.ibm.com"),
+    ("iamEndpoint", "https://iam.attacker.example", "iam.attacker.example"),
+    ("iamEndpoint", "http://127.0.0.1:8080", "127.0.0.1"),
+    ("iamEndpoint", "https://containers.cloud.ibm.com", "containers.cloud.ibm.com"),  # the IKS host is no IAM host
+])
+def test_other_hosts_need_the_explicit_override(raw, key, url, host):
+    """The key goes to iamEndpoint, IAM tokens to endpoint: one config line must not send them elsewhere."""
+    raw["ibmCloud"] = {key: url}
+    message = error_for(raw)
+    assert f"gpu-migration:ibmCloud.{key}: host {host} is not an IBM Cloud" in message
+    assert "set gpu-migration:ibmCloud.allowCustomEndpoints: true" in message
+    assert message.count("\n") == 1  # one problem, one line
+    raw["ibmCloud"]["allowCustomEndpoints"] = True
+    assert getattr(parse(raw).ibm_cloud, "endpoint" if key == "endpoint" else "iam_endpoint") == url
+
+
+def test_endpoint_with_credentials_is_refused(raw):
+    raw["ibmCloud"] = {"endpoint": "https://user:pw@containers.cloud.ibm.com/global", "allowCustomEndpoints": True}
+    assert "carries credentials (user:password@)" in error_for(raw)
 
 
 def test_cel_selector_must_parse(raw):

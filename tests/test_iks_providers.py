@@ -374,6 +374,34 @@ def test_only_gpu_node_is_not_replaced_without_a_temp_pool(emu):
     assert replace(emu, migrated, single_gpu_node=True)["new_worker_id"] == migrated
 
 
+BAD_NODE_NAMES = ["10.240.0.5,metadata.name!=x", "10.240.0.5 ", "a" * 64, "../10.240.0.5"]
+
+
+@pytest.mark.parametrize("bad", BAD_NODE_NAMES)
+def test_a_node_name_from_iks_that_no_configured_name_could_be_stops_before_any_use(emu, bad):
+    """The worker's primary IP becomes the node name in field and label selectors (spec.nodeName=..., hostname=...):
+    read from IKS, it passes the grammar configured names pass, else one error names the worker and the value."""
+    worker = emu.add_worker()
+    worker["networkInterfaces"][0]["ipAddress"] = bad
+    with pytest.raises(IksApiError) as stopped:
+        replace(emu, worker["id"], evict={"kubeconfig": "/nonexistent"})
+    assert f"IKS reports worker {worker['id']} with primary IP {bad[:80]!r}" in str(stopped.value)
+    assert emu.count("POST", "/v2/vpc/replaceWorker") == 0
+
+
+def test_a_new_worker_with_a_bad_node_name_is_never_recorded(emu, monkeypatch):
+    old = emu.add_worker()["id"]
+    new_worker = emu._new_worker
+
+    def bad_ip(*args, **kwargs):
+        worker = new_worker(*args, **kwargs)
+        worker["networkInterfaces"][0]["ipAddress"] = "10.240.0.9,spec.nodeName!=x"
+        return worker
+    monkeypatch.setattr(emu, "_new_worker", bad_ip)
+    with pytest.raises(IksApiError, match=r"IKS reports worker kube-.* with primary IP '10.240.0.9,spec.nodeName!=x'"):
+        replace(emu, old)
+
+
 def test_unknown_worker_is_an_error_naming_it(emu):
     with pytest.raises(ReplacementError, match=r"worker nope not found in cluster gpu-cluster"):
         replace(emu, "nope")

@@ -163,7 +163,7 @@ def test_preflight_passes_on_a_consistent_cluster(dra_cluster, api):
 
 # --- smoke-test verification -------------------------------------------------------------------------------------
 
-CLAIM = "gpu-smoke-n1-extended-resources-x7k2p"
+CLAIM = "gpu-smoke-test-n1-extended-resources-x7k2p"
 SMOKE_LOG = f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {UUID0})\n{UUID0}, NVIDIA A100-SXM4-40GB\n"
 CLAIM_STATUS = {"resourceClaimName": CLAIM, "requestMappings": [
     {"containerName": "main", "resourceName": ER, "requestName": "container-0-request-0"}]}
@@ -180,7 +180,7 @@ def smoke_pod(kube, ns, node, phase="Succeeded", exit_code=0, log=SMOKE_LOG, cla
     """The smoke pod as the kubelet reports it; by default it passed: logged UUID0 and exited 0."""
     if claim_status:
         status["extendedResourceClaimStatus"] = CLAIM_STATUS
-    return kube.add_pod(ns, "gpu-smoke-n1", node=node, phase=phase, exit_code=exit_code, requests={ER: "1"},
+    return kube.add_pod(ns, "gpu-smoke-test-n1", node=node, phase=phase, exit_code=exit_code, requests={ER: "1"},
                         log=log, **status)
 
 
@@ -191,14 +191,14 @@ def smoke(claim, kube, ns, n1):
 
 
 def verify(api, kube, dra_namespace=None):
-    return verify_smoke(api, kube.name(NS), "gpu-smoke-n1", kube.name("n1"), DRIVER, ER, dra_namespace)
+    return verify_smoke(api, kube.name(NS), "gpu-smoke-test-n1", kube.name("n1"), DRIVER, ER, dra_namespace)
 
 
 @pytest.mark.parametrize("line", [
     # NVIDIA/k8s-dra-driver-gpu cmd/gpu-kubelet-plugin/driver.go, v25.8.1 and v25.12.0
     "I1202 12:00:01.000000       1 driver.go:162] Returning newly prepared devices for claim '{uid}': [...]",
     "I1202 12:00:01.000000       1 driver.go:370] Returning newly prepared devices for claim "
-    "'{ns}/gpu-smoke-n1-extended-resources-x7k2p:{uid}': [...]",
+    "'{ns}/gpu-smoke-test-n1-extended-resources-x7k2p:{uid}': [...]",
 ])
 def test_smoke_criterion_2_needs_the_kubelet_plugin_log_line(smoke, claim, kube, api, line, ns, n1):
     claim_uid = claim["metadata"]["uid"]
@@ -217,7 +217,7 @@ def test_smoke_criterion_2_needs_the_kubelet_plugin_log_line(smoke, claim, kube,
 
 def verification(kubeconfig, kube, pod, **timing):
     return create(_SmokeTestVerificationProvider(), kubeconfig, namespace=kube.name(NS),
-                  pod_name="gpu-smoke-n1", pod_uid=pod["metadata"]["uid"], node=kube.name("n1"), driver=DRIVER,
+                  pod_name="gpu-smoke-test-n1", pod_uid=pod["metadata"]["uid"], node=kube.name("n1"), driver=DRIVER,
                   extended_resource=ER, **(timing or FAST))
 
 
@@ -230,35 +230,35 @@ def test_smoke_verification_waits_for_the_pod_and_passes(claim, kube, kubeconfig
     pod = smoke_pod(kube, ns, n1, phase="Running", exit_code=None)
     # The pod ends while the verification polls it (after its second look).
     kube.after_calls(monkeypatch, client.CoreV1Api, "read_namespaced_pod", 2, lambda: kube.set_pod_status(
-        ns, "gpu-smoke-n1", {"phase": "Succeeded", "extendedResourceClaimStatus": CLAIM_STATUS,
+        ns, "gpu-smoke-test-n1", {"phase": "Succeeded", "extendedResourceClaimStatus": CLAIM_STATUS,
                              "containerStatuses": [kube.container_status(ready=False, exit_code=0)]}))
     outs = verification(kubeconfig, kube, pod)
     assert (outs["gpu_uuid"], outs["device"], outs["claim"]) == (UUID0, f"gpu.example.com/{n1}/gpu-0", f"{ns}/{CLAIM}")
     assert outs["result"].startswith("passed:")
     assert annotation(kube) | {"checkedAt": None} == {
-        "path": "dra", "result": "passed", "pod": f"{ns}/gpu-smoke-n1", "gpu": UUID0,
+        "path": "dra", "result": "passed", "pod": f"{ns}/gpu-smoke-test-n1", "gpu": UUID0,
         "device": f"gpu.example.com/{n1}/gpu-0", "problems": [], "checkedAt": None, "podUid": pod["metadata"]["uid"]}
 
 
 def test_smoke_criterion_1_wrong_node(claim, kube, api, ns, n2):
     smoke_pod(kube, ns, n2)
     assert verify(api, kube).problems == [
-        f"criterion 1 (scheduling): pod {ns}/gpu-smoke-n1 is on node '{n2}', expected '{kube.name('n1')}'"]
+        f"criterion 1 (scheduling): pod {ns}/gpu-smoke-test-n1 is on node '{n2}', expected '{kube.name('n1')}'"]
 
 
 def test_smoke_criterion_1_scheduling_error(smoke, kube, api, ns):
     kube.add_event(smoke, "FailedScheduling", "0/2 nodes are available: 1 Insufficient example.com/gpu")
     kube.add_event(smoke, "Scheduled", "Successfully assigned", type_="Normal")
-    assert verify(api, kube).problems == [f"criterion 1 (scheduling): pod {ns}/gpu-smoke-n1 event FailedScheduling: "
+    assert verify(api, kube).problems == [f"criterion 1 (scheduling): pod {ns}/gpu-smoke-test-n1 event FailedScheduling: "
                                           "0/2 nodes are available: 1 Insufficient example.com/gpu"]
 
 
 def test_smoke_unschedulable_pod_fails_without_waiting_for_timeout(claim, kube, kubeconfig, ns):
-    pod = kube.add_pod(ns, "gpu-smoke-n1", phase="Pending", requests={ER: "1"}, conditions=[
+    pod = kube.add_pod(ns, "gpu-smoke-test-n1", phase="Pending", requests={ER: "1"}, conditions=[
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no GPU"}])
     with pytest.raises(CheckFailed) as e:
         verification(kubeconfig, kube, pod, timeout=30, poll_interval=0.02)
-    assert f"criterion 1 (scheduling): pod {ns}/gpu-smoke-n1 PodScheduled=False Unschedulable: no GPU" in str(
+    assert f"criterion 1 (scheduling): pod {ns}/gpu-smoke-test-n1 PodScheduled=False Unschedulable: no GPU" in str(
         e.value)
     assert annotation(kube)["result"] == "failed"
 
@@ -266,7 +266,7 @@ def test_smoke_unschedulable_pod_fails_without_waiting_for_timeout(claim, kube, 
 def test_smoke_criterion_2_no_allocation_recorded(claim, kube, api, ns, n1):
     smoke_pod(kube, ns, n1, claim_status=False)
     assert verify(api, kube).problems == [
-        f"criterion 2 (allocation): pod {ns}/gpu-smoke-n1 has no status.extendedResourceClaimStatus "
+        f"criterion 2 (allocation): pod {ns}/gpu-smoke-test-n1 has no status.extendedResourceClaimStatus "
         "(example.com/gpu was not allocated through DRA)"]
 
 
@@ -278,13 +278,13 @@ def test_smoke_criterion_2_claim_without_device_of_the_driver(smoke, kube, api, 
 
 
 def test_smoke_criterion_3_uuid_mismatch(smoke, kube, api, ns, n1):
-    kube.set_log(ns, "gpu-smoke-n1", f"GPU 0: NVIDIA A100 (UUID: {UUID1})\n")
+    kube.set_log(ns, "gpu-smoke-test-n1", f"GPU 0: NVIDIA A100 (UUID: {UUID1})\n")
     assert verify(api, kube).problems == [
-        f"criterion 3 (GPU in logs): pod {ns}/gpu-smoke-n1 logs name ['{UUID1}'], "
+        f"criterion 3 (GPU in logs): pod {ns}/gpu-smoke-test-n1 logs name ['{UUID1}'], "
         f"allocated device gpu.example.com/{n1}/gpu-0 is {UUID0} (allocated uuid {UUID0} not printed)"]
-    kube.set_log(ns, "gpu-smoke-n1", f"GPU 0: NVIDIA A100 (UUID: {UUID0})\nGPU 1: NVIDIA A100 (UUID: {UUID1})\n")
+    kube.set_log(ns, "gpu-smoke-test-n1", f"GPU 0: NVIDIA A100 (UUID: {UUID0})\nGPU 1: NVIDIA A100 (UUID: {UUID1})\n")
     assert verify(api, kube).problems == [
-        f"criterion 3 (GPU in logs): pod {ns}/gpu-smoke-n1 logs name ['{UUID0}', '{UUID1}'], "
+        f"criterion 3 (GPU in logs): pod {ns}/gpu-smoke-test-n1 logs name ['{UUID0}', '{UUID1}'], "
         f"allocated device gpu.example.com/{n1}/gpu-0 is {UUID0} (other GPU devices visible: ['{UUID1}'])"]
 
 
@@ -295,16 +295,16 @@ def test_smoke_criterion_3_accepts_mig_output(smoke, kube, api, ns, n1):
     # A MIG device: nvidia-smi -L prints its parent GPU's line first, then the MIG line with the allocated uuid.
     [published] = kube.slices(n1)
     kube.set_slice_device_uuid(published["metadata"]["name"], "gpu-0", MIG0)
-    kube.set_log(ns, "gpu-smoke-n1", f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {UUID1})\n"
+    kube.set_log(ns, "gpu-smoke-test-n1", f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {UUID1})\n"
                                      f"  MIG 1g.10gb     Device  0: (UUID: {MIG0})\n")
     result = verify(api, kube)
     assert result.problems == [] and result.gpu_uuid == MIG0
 
 
 def test_smoke_criterion_3_no_gpu_in_logs(smoke, kube, api, ns):
-    kube.set_log(ns, "gpu-smoke-n1", "No devices were found\n")
+    kube.set_log(ns, "gpu-smoke-test-n1", "No devices were found\n")
     assert verify(api, kube).problems == [
-        f"criterion 3 (GPU in logs): pod {ns}/gpu-smoke-n1 logs name no GPU UUID; logs: 'No devices were found\\n'"]
+        f"criterion 3 (GPU in logs): pod {ns}/gpu-smoke-test-n1 logs name no GPU UUID; logs: 'No devices were found\\n'"]
 
 
 def test_smoke_criterion_4_pod_failed(claim, kube, kubeconfig, ns, n1):
@@ -312,19 +312,19 @@ def test_smoke_criterion_4_pod_failed(claim, kube, kubeconfig, ns, n1):
     with pytest.raises(CheckFailed) as e:
         verification(kubeconfig, kube, pod)
     assert str(e.value).startswith(
-        f"smoke test {ns}/gpu-smoke-n1 on node {n1} failed:\n  - criterion 4 (GPU operation): "
-        f"pod {ns}/gpu-smoke-n1 phase Failed, containers: ['main exit 3 (Error)']\nnode {n1} stays cordoned. "
+        f"smoke test {ns}/gpu-smoke-test-n1 on node {n1} failed:\n  - criterion 4 (GPU operation): "
+        f"pod {ns}/gpu-smoke-test-n1 phase Failed, containers: ['main exit 3 (Error)']\nnode {n1} stays cordoned. "
         "Fix the cause and run `pulumi up` again: it replaces the pod")
     assert annotation(kube)["problems"] == [str(e.value).split("  - ")[1].split("\n")[0]]
 
 
 def test_smoke_image_pull_failure_is_reported_at_once(claim, kube, kubeconfig, ns, n1):
-    pod = kube.add_pod(ns, "gpu-smoke-n1", node=n1, phase="Pending", requests={ER: "1"})
-    kube.set_pod_status(ns, "gpu-smoke-n1", {"phase": "Pending", "containerStatuses": [kube.container_status(
+    pod = kube.add_pod(ns, "gpu-smoke-test-n1", node=n1, phase="Pending", requests={ER: "1"})
+    kube.set_pod_status(ns, "gpu-smoke-test-n1", {"phase": "Pending", "containerStatuses": [kube.container_status(
         waiting="ImagePullBackOff", message="Back-off pulling image \"cuda:nope\"")]})
     with pytest.raises(CheckFailed) as e:
         verification(kubeconfig, kube, pod, timeout=30, poll_interval=0.02)  # fails long before the timeout
-    assert (f'criterion 4 (GPU operation): pod {ns}/gpu-smoke-n1 container main ImagePullBackOff: Back-off '
+    assert (f'criterion 4 (GPU operation): pod {ns}/gpu-smoke-test-n1 container main ImagePullBackOff: Back-off '
             'pulling image "cuda:nope"') in str(e.value)
 
 
@@ -349,7 +349,7 @@ def test_failed_smoke_test_is_rerun_with_a_fresh_pod_by_the_next_up(claim, kube,
     kube.on_pod_create(ns, passing_run(kube, ns, n1, created))  # the re-created pod is scheduled again and passes
     outs = verification(kubeconfig, kube, smoke)  # same Pod resource (same uid in state): the next `up`
     assert outs["result"].startswith("passed:") and len(created) == 1
-    current = kube.pod(ns, "gpu-smoke-n1")["metadata"]["uid"]
+    current = kube.pod(ns, "gpu-smoke-test-n1")["metadata"]["uid"]
     assert current != smoke["metadata"]["uid"] and current == created[0]["metadata"]["uid"]
     assert annotation(kube)["podUid"] == current
     # Passed: a later verification of the same (re-created) pod judges it again instead of replacing it.
@@ -389,7 +389,7 @@ def test_smoke_criterion_2_deleted_claim_suggests_a_longer_command_only_for_a_wa
                f"resourceclaim controller removes a finished pod's claim)")
     assert verify(api, kube).problems[0] == (
         f"{deleted}; the pod had ended before it was judged: run `pulumi up` again, it runs the pod again")
-    watched = verify_smoke(api, kube.name(NS), "gpu-smoke-n1", kube.name("n1"), DRIVER, ER, claims={})
+    watched = verify_smoke(api, kube.name(NS), "gpu-smoke-test-n1", kube.name("n1"), DRIVER, ER, claims={})
     assert watched.problems[0] == (
         f"{deleted}; the pod ended between two readings: make gpu-migration:smokeTest.command hold the GPU longer "
         f"than timeouts.pollInterval, e.g. end it with `&& sleep 60`")
@@ -408,7 +408,7 @@ def test_smoke_pass_with_a_failing_uncordon_says_what_to_do(smoke, kube, kubecon
     with pytest.raises(CheckFailed) as e:
         verification(kubeconfig, kube, smoke)
     message = str(e.value)
-    assert message.startswith(f"smoke test passed: {ns}/gpu-smoke-n1 used ")
+    assert message.startswith(f"smoke test passed: {ns}/gpu-smoke-test-n1 used ")
     assert f"but uncordoning node {n1} failed: HTTP 403 Forbidden" in message and f"kubectl uncordon {n1}" in message
     assert annotation(kube)["result"] == "passed"
     assert kube.unschedulable(n1) is True
@@ -436,7 +436,7 @@ def test_failing_to_record_does_not_hide_the_smoke_failure(claim, kube, kubeconf
     with pytest.raises(CheckFailed) as e:
         verification(kubeconfig, kube, smoke)
     message = str(e.value)
-    assert message.startswith(f"smoke test {ns}/gpu-smoke-n1 on node {n1} failed:\n  - criterion 4")
+    assert message.startswith(f"smoke test {ns}/gpu-smoke-test-n1 on node {n1} failed:\n  - criterion 4")
     assert f"the result could not be recorded on node {n1}" in message and "HTTP 403 Forbidden" in message
     # Without the record the next `up` can't tell this pod failed: the message says how to re-run instead.
     assert "replace the pod yourself: `pulumi up --replace <URN of smoke-n1>`" in message
@@ -447,7 +447,7 @@ def test_failing_to_record_does_not_hide_the_smoke_failure(claim, kube, kubeconf
 def test_smoke_verification_waits_for_the_expected_pod_uid(smoke, kube, kubeconfig, ns):
     with pytest.raises(CheckFailed) as e:
         verification(kubeconfig, kube, {"metadata": {"uid": "other-uid"}}, **SHORT)
-    assert f"pod {ns}/gpu-smoke-n1 to finish" in str(e.value) and "expected other-uid" in str(e.value)
+    assert f"pod {ns}/gpu-smoke-test-n1 to finish" in str(e.value) and "expected other-uid" in str(e.value)
 
 
 def test_smoke_verification_reruns_only_when_the_pod_changes():
@@ -928,7 +928,7 @@ def test_resources_declare_and_providers_serialize():
     declared = [
         DraPreflight("pre", driver=DRIVER, extended_resource=ER, dra_nodes=["n1"],
                                     all_nodes=["n1", "n2"], **common),
-        SmokeTestVerification("smoke", namespace=NS, pod_name="gpu-smoke-n1",
+        SmokeTestVerification("smoke", namespace=NS, pod_name="gpu-smoke-test-n1",
                                              pod_uid=pulumi.Output.from_input("uid-1"), node="n1", driver=DRIVER,
                                              extended_resource=ER, **common),
         OperatorReadiness("ready", node="n1", stage="dra", namespace="gpu-operator", **common),

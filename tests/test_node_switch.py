@@ -182,6 +182,9 @@ def test_rollback_verification_uncordons_after_the_check_pod(kube, kubeconfig, n
     assert kube.unschedulable(n1) is False
     assert CORDON_ANNOTATION not in kube.annotations(n1)
     assert node.violations == []
+    # The namespace the check made enforces Pod Security restricted, and the API server admitted the check pod there.
+    labels = kube.core.read_namespace(pilot_ns).metadata.labels
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
 def test_switch_never_touches_a_pilot_label_paused_for_a_driver_upgrade(kube, kubeconfig, node, n1):

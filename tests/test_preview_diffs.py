@@ -79,7 +79,8 @@ CASES = {
 
 
 # Checks that look at the cluster again on every `up` show as updated in every preview, whatever changed.
-EVERY_UP = {"gpu-node-inventory", "operand-placement"} | {f"{n}-operand-placement" for n in (DRA, DP)}
+EVERY_UP = ({"cluster-identity", "gpu-node-inventory", "operand-placement"}
+            | {f"{n}-operand-placement" for n in (DRA, DP)})
 
 
 @pytest.mark.parametrize("case", CASES)

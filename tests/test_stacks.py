@@ -6,6 +6,8 @@ from pulumi.runtime.rpc import _special_secret_sig as SECRET_SIG, _special_sig_k
 
 from harness import REPLACEMENT, kubernetes_validate, run_program, stack_config
 
+from iks_gpu_migration.config import ConfigError
+
 DRA_NODE, DP_NODE, IBM_NODE = "10.240.0.11", "10.240.0.12", "10.240.0.13"
 PILOT_LABEL = "migration.example.com/gpu-dra"
 
@@ -84,6 +86,11 @@ def test_pilot_order(pilot_run):
     for name in ("gpu-operator", "master-version", "dra-driver", "device-class", f"{DRA_NODE}-replacement",
                  "batch-1-gate"):
         assert run.depends(name, "gpu-node-inventory")
+    # ... and the inventory, like everything the stack declares, waits for the check that the kubeconfig's cluster is
+    # clusterName (iks/identity.py).
+    for resource in run.registered:
+        if resource.name != "cluster-identity" and not resource.typ.startswith(("gpu-migration:index:", "pulumi:")):
+            assert run.depends(resource.name, "cluster-identity"), resource.name
     assert run.depends("operand-placement", "gpu-operator")
     # Readiness waits for the operator and its placement check through its namespace input, without an edge
     # (rollout.once_done; tests/test_node_identity.py checks a failed operator holds it back).
@@ -222,6 +229,18 @@ def test_api_key_comes_from_secret_config():
         api = run.named(name).inputs["api"]
         # The whole `api` input travels as a Pulumi secret, so state stores the key encrypted.
         assert api[SECRET_SIG_KEY] == SECRET_SIG and api["value"]["api_key"] == "secret-key"
+
+
+def test_api_key_set_without_secret_is_refused_before_anything_is_declared():
+    """`pulumi config set gpu-migration:ibmApiKey <key>` (no --secret) leaves the key readable in Pulumi.<stack>.yaml:
+    the engine lists it among the config's non-secret keys, and `preview` stops naming the key and the command."""
+    raw = {**stack_config("prod"), "ibmApiKey": "plain-key-1234"}
+    with pytest.raises(ConfigError) as refused:
+        run_program(raw)
+    message = str(refused.value)
+    assert "gpu-migration:ibmApiKey: is set in plain text" in message
+    assert "`pulumi config set --secret gpu-migration:ibmApiKey <value>`" in message
+    assert "plain-key-1234" not in message
 
 
 def test_preview_declares_the_same_resources(pilot_run):

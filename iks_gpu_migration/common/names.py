@@ -12,7 +12,12 @@ DNS_SUBDOMAIN_MAX = 253
 # kubernetes/kubernetes pkg/apis/core/validation/validation.go), so the node name used as the value of
 # kubernetes.io/hostname must be a valid label value.
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-SMOKE_POD_PREFIX = "gpu-smoke-"
+# Release 0.2.0 named the smoke pod gpu-smoke-<node>. Its Pod Security settings (kube/pod_security.py) can't change
+# in place, so an upgraded stack replaces the pod; a replacement under the same name breaks `pulumi preview`: the
+# Kubernetes provider previews the new pod with a server-side dry-run apply, which meets the old pod and is answered
+# 422 Invalid ("pod updates may not change fields"), and its preview tolerates only Forbidden and AlreadyExists
+# (pulumi-kubernetes provider/pkg/provider/provider.go Create). Under a new name the preview sees no old pod.
+SMOKE_POD_PREFIX = "gpu-smoke-test-"
 ROLLBACK_POD_PREFIX = "gpu-rollback-check-"
 
 

@@ -86,8 +86,10 @@ class DraPath(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions.merge(after_master, pulumi.ResourceOptions(provider=ctx.chart_provider)))
         self.device_class = device_class(cfg.extended_resource_name, cfg.dra_driver_name, cfg.device_selectors,
                                          opts=after_master) if own_class else None
+        # After the master like the rest of the DRA path: so, like every change, after the cluster identity and the
+        # GPU node inventory.
         self.namespace = smoke_pod.smoke_namespace(cfg.smoke_test, opts=pulumi.ResourceOptions(
-            parent=self, provider=ctx.k8s_provider, aliases=WAS_AT_ROOT))
+            parent=self, provider=ctx.k8s_provider, depends_on=[master], aliases=WAS_AT_ROOT))
         self.preflights: list[DraPreflight] = []
         self.register_outputs({})
 

@@ -1,6 +1,7 @@
 """Declares the whole migration for one stack from its validated config, in the order of operations.
 
-  GPU node inventory (every GPU node of the cluster listed; nothing is touched before) -> master version ->
+  cluster identity (the kubeconfig's cluster is clusterName) -> GPU node inventory (every GPU node of the cluster
+  listed; nothing is touched before) -> master version ->
   [temporary GPU pool] -> every node's fence (GpuNode) -> the GPU Operator, only once every node that keeps IBM's
   drivers is fenced, and its operand-placement check (GpuOperator) -> [DRA driver + DeviceClass after the master
   (DraPath)] -> the plan's batches (Rollout: a CapacityGate per batch, registered only once the previous batch is
@@ -15,6 +16,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from ..config import OPERATOR_MIN_VERSION, MigrationConfig, sources
+from ..iks.identity import ClusterIdentity
 from ..iks.master import MasterVersion
 from ..iks.pool import TempGpuPool
 from ..kube.inventory import GpuNodeInventory
@@ -28,6 +30,7 @@ from .gpu_operator import GpuOperator
 @dataclass
 class Declared:
     """Handles on what was declared, for stack outputs and tests."""
+    identity: Any = None
     master: Any = None
     temp_pool: Any = None
     gpu_operator: Any = None
@@ -82,7 +85,9 @@ def declare(cfg: MigrationConfig) -> Declared:
     warn_unpinned_image(cfg)
     provider = k8s.Provider("cluster", kubeconfig=cfg.kubeconfig) if cfg.kubeconfig else None
     ctx = Context(k8s_provider=provider, ibm_api=ibm_api(cfg), chart_provider=chart_provider(cfg, provider))
-    out.inventory = inventory(cfg)
+    out.identity = ClusterIdentity("cluster-identity", cluster=cfg.cluster_name, kubeconfig=cfg.kubeconfig,
+                                   api=ctx.ibm_api)
+    out.inventory = inventory(cfg, out.identity)
     out.master = master_version(cfg, ctx, out.inventory)
     out.temp_pool = temp_gpu_pool(cfg, ctx, out.master)
     after = [out.master, out.inventory, *filter(None, [out.temp_pool])]
@@ -124,9 +129,10 @@ def chart_provider(cfg: MigrationConfig, cluster: Optional[k8s.Provider]) -> Opt
     return k8s.Provider("charts", kubeconfig=cfg.chart_kubeconfig)
 
 
-def inventory(cfg: MigrationConfig) -> GpuNodeInventory:
+def inventory(cfg: MigrationConfig, identity: pulumi.Resource) -> GpuNodeInventory:
     """Every GPU node of the cluster must be in the config before anything changes (never the operator next to IBM's
-    drivers on a node the config forgot)."""
+    drivers on a node the config forgot); first of all, the cluster must be clusterName (`identity`). Everything that
+    changes something depends on the inventory."""
     return GpuNodeInventory(
         "gpu-node-inventory",
         kubeconfig=cfg.kubeconfig,
@@ -134,6 +140,7 @@ def inventory(cfg: MigrationConfig) -> GpuNodeInventory:
         worker_ids={n.worker_id: n.name for n in cfg.nodes},
         operator_min_version=OPERATOR_MIN_VERSION,
         temp_pool=cfg.temp_gpu_pool.name if cfg.temp_gpu_pool.enabled else None,
+        opts=pulumi.ResourceOptions(depends_on=[identity]),
     )
 
 

@@ -9,6 +9,7 @@ from pydantic.alias_generators import to_camel
 from ..common.versions import version_at_least
 from ..plan import PlanError, resolve_max_unavailable
 from . import sources
+from .grammar import IAM_HOSTS, IKS_HOSTS, is_ibm_cloud_host
 from .model import MIN_MINOR, MigrationConfig, Node, Timeouts
 
 
@@ -102,3 +103,19 @@ def _chart_sources(cfg: MigrationConfig) -> Iterable[Problem]:
             yield Problem((key, field), message)
         if chart.keyring is not None and not chart.verify:
             yield Problem((key, "keyring"), "is read only with verify: true; set verify: true or leave keyring out")
+
+
+@cross_check("ibm_cloud")
+def _ibm_cloud_hosts(cfg: MigrationConfig) -> Iterable[Problem]:
+    """One config line would otherwise send the API key (to iamEndpoint) or IAM tokens (to endpoint) elsewhere."""
+    ibm = cfg.ibm_cloud
+    if ibm.allow_custom_endpoints:
+        return
+    for key, host in ibm.hosts.items():
+        iam = key == "iamEndpoint"
+        if not is_ibm_cloud_host(host, iam):
+            what = "the API key" if iam else "IAM tokens"
+            yield Problem(("ibmCloud", key), f"host {host} is not an IBM Cloud {'IAM' if iam else 'IKS'} endpoint "
+                                             f"({', '.join(IAM_HOSTS if iam else IKS_HOSTS)}), and {what} would be "
+                                             f"sent there; to trust it anyway (a proxy, a test environment, a local "
+                                             f"emulator) set gpu-migration:ibmCloud.allowCustomEndpoints: true")

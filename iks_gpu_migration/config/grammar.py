@@ -2,6 +2,8 @@
 import re
 from typing import Any, Union, get_args, get_origin
 
+from ..common import names
+
 
 # Kubernetes name grammars (apimachinery validation).
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -37,6 +39,33 @@ _OPERATOR_SWITCH_PREFIX = "nvidia.com/gpu.deploy."
 _RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io")
 
 
+# IBM Cloud's hosts for the IKS and IAM APIs, public and private. A region is like us-south, eu-de, jp-osa, eu-fr2.
+# IKS: the global endpoint, the regional ones (ibmcloud ks init --host https://<region>.containers.cloud.ibm.com),
+# the private cloud service endpoint private.<region>.containers (terraform-provider-ibm ibm/conns/config.go, with
+# /global) and the VPE form <region>.private.containers. IAM: iam, the VPC/VPE private endpoint private.iam, and the
+# classic private endpoints private.<region>.iam (IAM Identity API docs "Endpoint URLs"; terraform-provider-ibm).
+_REGION = r"[a-z]{2}-[a-z0-9]{2,6}"
+
+
+IKS_HOSTS = ("containers.cloud.ibm.com", "<region>.containers.cloud.ibm.com",
+             "private.<region>.containers.cloud.ibm.com", "<region>.private.containers.cloud.ibm.com")
+
+
+IAM_HOSTS = ("iam.cloud.ibm.com", "private.iam.cloud.ibm.com", "private.<region>.iam.cloud.ibm.com")
+
+
+def _hosts(forms: tuple[str, ...]) -> "re.Pattern[str]":
+    alternatives = "|".join(re.escape(f).replace(re.escape("<region>"), _REGION) for f in forms)
+    return re.compile(rf"^({alternatives})\Z")
+
+
+_IKS_HOST, _IAM_HOST = _hosts(IKS_HOSTS), _hosts(IAM_HOSTS)
+
+
+def is_ibm_cloud_host(host: str, iam: bool) -> bool:
+    return bool((_IAM_HOST if iam else _IKS_HOST).match(host))
+
+
 MAX_TIMEOUT = 7 * 24 * 3600  # a bounded wait needs a bound a person would choose
 
 
@@ -45,6 +74,14 @@ MIN_POLL_INTERVAL = 0.01  # below this a wait hammers the API server (tests poll
 
 def is_dns_subdomain(value: str) -> bool:
     return len(value) <= 253 and bool(DNS_SUBDOMAIN.match(value))
+
+
+def node_name_problems(value: Any) -> list[str]:
+    """Why `value` can't be a node name this program puts into field and label selectors and object names; [] if it
+    can. The same rule for configured names (model.Node) and names read back from IKS (iks/workers.py)."""
+    if not isinstance(value, str) or not is_dns_subdomain(value):
+        return ["is not a valid Kubernetes node name (DNS subdomain)"]
+    return names.node_name_problems(value)
 
 
 def check_qualified_name(value: str, require_prefix: bool = False) -> str:

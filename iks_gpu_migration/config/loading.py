@@ -8,6 +8,8 @@ from pydantic import ValidationError
 from .cross_checks import CROSS_CHECKS, Loc, Problem
 from .model import NAMESPACE, STAGES, ConfigError, MigrationConfig, Model, Node
 
+SECRET_KEYS = ("ibmApiKey",)  # read on their own (components/migration.py ibm_api), never in the model
+
 
 def _loc_text(loc: Loc) -> str:
     return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
@@ -65,15 +67,17 @@ def _valid_or_none(model: type[Model], value: Any) -> Optional[Model]:
         return None
 
 
-def parse(raw: dict[str, Any]) -> MigrationConfig:
-    """Validate a dict of camelCase config values; raise ConfigError listing every problem."""
-    problems: list[Problem] = []
+def parse(raw: dict[str, Any], problems: Optional[list[Problem]] = None) -> MigrationConfig:
+    """Validate a dict of camelCase config values; raise ConfigError listing every problem (`problems`: ones found
+    before, e.g. plain_secrets)."""
+    problems = list(problems or [])
     try:
         cfg = MigrationConfig.model_validate(raw)
         present = set(MigrationConfig.model_fields)
     except ValidationError as e:
-        problems = _problems(e)
-        cfg, present = _partial(raw, problems)
+        failed = _problems(e)
+        problems.extend(failed)
+        cfg, present = _partial(raw, failed)
     for fields, check in CROSS_CHECKS:
         if set(fields) <= present:
             problems.extend(check(cfg))
@@ -85,14 +89,30 @@ def parse(raw: dict[str, Any]) -> MigrationConfig:
 def raw_from_pulumi() -> dict[str, Any]:
     """Every `gpu-migration:*` key of the current stack, JSON values decoded (unknown keys are kept so they fail)."""
     raw: dict[str, Any] = {}
-    # The language host passes config via set_all_config (CONFIG); older hosts via PULUMI_CONFIG.
-    everything = {**pulumi.runtime.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
-    for env_key, value in everything.items():
+    for env_key, value in _stack_config().items():
         namespace, _, key = env_key.partition(":")
-        if namespace != NAMESPACE or key in ("ibmApiKey",):  # the API key is a secret read on its own
+        if namespace != NAMESPACE or key in SECRET_KEYS:  # secrets are read on their own
             continue
         raw[key] = _decode(value)
     return raw
+
+
+def _stack_config() -> dict[str, Any]:
+    # The language host passes config via set_all_config (CONFIG); older hosts via PULUMI_CONFIG.
+    return {**pulumi.runtime.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
+
+
+def plain_secrets() -> list[Problem]:
+    """Secret keys set without --secret: the stack file holds them readable. The engine tells the program which keys
+    are secrets (the language host's configSecretKeys -> pulumi.runtime.set_all_config; is_config_secret reads them,
+    pulumi 3.272 sdk/python/lib/pulumi/runtime/config.py)."""
+    config = _stack_config()
+    return [Problem((key,), f"is set in plain text, so Pulumi.<stack>.yaml holds it readable: set it as a secret "
+                            f"(`pulumi config set --secret {NAMESPACE}:{key} <value>`), and rotate the key if the "
+                            f"file was shared or committed")
+            for key in SECRET_KEYS
+            if config.get(f"{NAMESPACE}:{key}") is not None
+            and not pulumi.runtime.is_config_secret(f"{NAMESPACE}:{key}")]
 
 
 def _decode(value: Any) -> Any:
@@ -105,4 +125,4 @@ def _decode(value: Any) -> Any:
 
 
 def load() -> MigrationConfig:
-    return parse(raw_from_pulumi())
+    return parse(raw_from_pulumi(), plain_secrets())

@@ -14,12 +14,11 @@ from typing import Any, Literal, Optional, Union, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
-from ..common import names
 from ..plan import DEFAULT_GPU_NODE_SELECTOR, parse_max_unavailable
 from . import sources
 from .grammar import (DNS_SUBDOMAIN, MAX_TIMEOUT, MIN_POLL_INTERVAL, _EXACT_SEMVER, _KUBE_VERSION, _LABEL_VALUE,
                       _OPERATOR_SWITCH_PREFIX, _RESERVED_LABEL_DOMAINS, _WORKER_ID, _is_number_type,
-                      check_equality_selector, check_namespace, check_qualified_name, is_dns_subdomain)
+                      check_equality_selector, check_namespace, check_qualified_name, node_name_problems)
 
 NAMESPACE = "gpu-migration"
 Stage = Literal["ibm-managed", "device-plugin", "dra"]
@@ -63,9 +62,7 @@ class Node(Model):
     def _node_name(cls, v: Optional[str]) -> Optional[str]:
         if v is None:
             return v
-        if not is_dns_subdomain(v):
-            raise ValueError(f"node name {v!r} is not a valid Kubernetes node name (DNS subdomain)")
-        problems = names.node_name_problems(v)
+        problems = node_name_problems(v)
         if problems:
             raise ValueError(f"node name {v!r} {'; '.join(problems)}")
         return v
@@ -168,6 +165,9 @@ class Taint(Model):
 class IbmCloud(Model):
     endpoint: str = "https://containers.cloud.ibm.com/global"
     iam_endpoint: str = "https://iam.cloud.ibm.com"
+    # The API key goes to iamEndpoint and IAM tokens to endpoint: only IBM Cloud's own hosts unless this is true
+    # (a proxy, a test environment, the local emulators); cross_checks.py _ibm_cloud_hosts.
+    allow_custom_endpoints: bool = False
 
     @field_validator("endpoint", "iam_endpoint")
     @classmethod
@@ -176,7 +176,15 @@ class IbmCloud(Model):
         url = urllib.parse.urlsplit(v)
         if not url.hostname or not (url.scheme == "https" or (url.scheme == "http" and _is_loopback(url.hostname))):
             raise ValueError(f"{v!r} is not an https:// URL")
+        if url.username is not None or url.password is not None:
+            raise ValueError(f"{v!r} carries credentials (user:password@); give the plain URL")
         return v
+
+    @property
+    def hosts(self) -> dict[str, str]:
+        """Config key -> the host it points at."""
+        return {"endpoint": urllib.parse.urlsplit(self.endpoint).hostname or "",
+                "iamEndpoint": urllib.parse.urlsplit(self.iam_endpoint).hostname or ""}
 
 
 class TempGpuPool(Model):

@@ -8,16 +8,19 @@ Paths follow the IKS global API (https://containers.cloud.ibm.com/global/swagger
 The IAM token request is not covered by the SDK's retries (its token manager calls `requests` directly and a connection
 error surfaces from `prepare_request`), so connection errors and IAM 5xx/429 are retried here and reported as IAM
 trouble; only IAM 4xx answers mean the API key itself was refused.
+Every error text built from an API answer is redacted and clipped (redact.py): an answer may echo the request, key and
+token included.
 """
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import requests
 from ibm_cloud_sdk_core import ApiException, BaseService
 from ibm_cloud_sdk_core.authenticators import IAMAuthenticator
 
 from .roles import OPERATOR, VIEWER, needs
+from .redact import safe
 
 API_KEY_ENV = "IC_API_KEY"
 API_KEY_CONFIG = "gpu-migration:ibmApiKey"
@@ -50,16 +53,21 @@ def error_code(error: ApiException) -> Optional[str]:
     return body.get("code") if isinstance(body, dict) else None
 
 
-def api_message(error: ApiException) -> str:
-    """The IKS error body is {"code", "description", "incidentID", ...}; fall back to the SDK's parse."""
+def api_message(error: ApiException, secrets: Iterable[str] = ()) -> str:
+    """IBM's own fields of an error answer, redacted and clipped: IKS answers {"code", "description", "incidentID"},
+    IAM {"errorCode", "errorMessage", "context": {"requestId"}}; anything else keeps the SDK's parse of the body
+    (ibm_cloud_sdk_core api_exception.py _get_error_message: a message field, else the whole text)."""
     try:
         body = error.http_response.json()
     except Exception:  # noqa: BLE001 - non-JSON error bodies keep the SDK's message
         body = {}
-    text = body.get("description") if isinstance(body, dict) else None
-    if not text:
-        return str(error.message)
-    return f"{text} (code {body['code']})" if body.get("code") else text
+    body = body if isinstance(body, dict) else {}
+    context = body.get("context") if isinstance(body.get("context"), dict) else {}
+    text = body.get("description") or body.get("errorMessage") or str(error.message)
+    ids = ", ".join(f"{what} {value}" for what, value in (("code", body.get("code") or body.get("errorCode")),
+                                                           ("incident", body.get("incidentID")),
+                                                           ("request", context.get("requestId"))) if value)
+    return safe(f"{text} ({ids})" if ids else str(text), secrets)
 
 
 class IksClient(BaseService):
@@ -77,6 +85,17 @@ class IksClient(BaseService):
         self.iam_endpoint = iam_endpoint
         self.retry_interval = retry_interval
         self.enable_retries(max_retries=max_retries, retry_interval=retry_interval)
+
+    def secrets(self) -> tuple[str, ...]:
+        """What no error text may show: the API key and the tokens IAM issued for it."""
+        manager = self.authenticator.token_manager
+        return tuple(filter(None, (manager.apikey, manager.access_token, getattr(manager, "refresh_token", None))))
+
+    def _safe(self, text: str) -> str:
+        return safe(text, self.secrets())
+
+    def _message(self, error: ApiException) -> str:
+        return api_message(error, self.secrets())
 
     @classmethod
     def from_api(cls, api: dict[str, Any], fallback_key: Optional[str] = None) -> "IksClient":
@@ -117,16 +136,16 @@ class IksClient(BaseService):
                 if e.status_code == 404 and code == CLUSTER_NOT_FOUND:
                     cluster = (params or {}).get("cluster") or (body or {}).get("cluster") or path.split("/")[3]
                     raise ClusterNotFound(
-                        f"{what} failed: cluster {cluster} was not found (HTTP 404: {api_message(e)}); check "
+                        f"{what} failed: cluster {cluster} was not found (HTTP 404: {self._message(e)}); check "
                         f"gpu-migration:clusterName, and that the API key belongs to the account and resource group "
                         f"of that cluster (`ibmcloud target`, `ibmcloud ks cluster ls`)", 404, code,
                     ) from None
                 if e.status_code == 404 and not_found_ok:
                     return None
-                raise IksApiError(f"{what} failed: HTTP {e.status_code}: {api_message(e)}", e.status_code,
+                raise IksApiError(f"{what} failed: HTTP {e.status_code}: {self._message(e)}", e.status_code,
                                   code) from None
             except requests.RequestException as e:  # connection errors, or retries of 5xx/429 exhausted
-                raise IksApiError(f"{what} failed: {e}") from None
+                raise IksApiError(f"{what} failed: {self._safe(str(e))}") from None
         raise AssertionError("unreachable")
 
     def _prepare(self, what: str, method: str, path: str, params: Optional[dict], body: Optional[dict]):
@@ -141,11 +160,11 @@ class IksClient(BaseService):
                 if not transient:  # ibm-cloud-sdk-core api_exception.py: 4xx from IAM = the key was refused
                     raise IksApiError(
                         f"{what}: IAM token request to {self.iam_endpoint} failed (check the API key): "
-                        f"HTTP {e.status_code}: {api_message(e)}", e.status_code,
+                        f"HTTP {e.status_code}: {self._message(e)}", e.status_code,
                     ) from None
-                problem = f"HTTP {e.status_code}: {api_message(e)}"
+                problem = f"HTTP {e.status_code}: {self._message(e)}"
             except requests.RequestException as e:  # iam_request_based_token_manager.py: raised by `requests`
-                problem = f"{type(e).__name__}: {e}"
+                problem = f"{type(e).__name__}: {self._safe(str(e))}"
             # token_manager.paced_request_token leaves request_time set when request_token raises, and would make
             # the next caller sleep for 60 s "while another thread fetches"; nobody does, so clear it.
             self.authenticator.token_manager.request_time = 0

@@ -1,6 +1,9 @@
 """Reading IKS worker JSON (getWorkers / getWorker): states, versions, node names."""
 from typing import Optional
 
+from ..config.grammar import node_name_problems
+from .api import IksApiError
+
 
 def worker_version(worker: dict) -> str:
     return (worker.get("kubeVersion") or {}).get("actual") or ""
@@ -48,7 +51,15 @@ def describe_worker(worker: dict) -> str:
 
 
 def primary_ip(worker: dict) -> Optional[str]:
-    """On VPC the Kubernetes node name is the worker's primary private IP."""
+    """On VPC the Kubernetes node name is the worker's primary private IP. It goes into field and label selectors
+    (spec.nodeName=..., kubernetes.io/hostname=...) and object names, so it must pass the grammar configured names
+    pass (config/grammar.py); anything else stops here, before it is used or recorded."""
     nics = worker.get("networkInterfaces") or []
     primary = next((n for n in nics if n.get("primary")), nics[0] if nics else None)
-    return (primary or {}).get("ipAddress") or None
+    ip = (primary or {}).get("ipAddress") or None
+    problems = node_name_problems(ip) if ip is not None else []
+    if problems:
+        raise IksApiError(f"IKS reports worker {worker.get('id')} with primary IP {str(ip)[:80]!r} (its Kubernetes "
+                          f"node name), which {'; '.join(problems)}: it is not used. Check the worker (`ibmcloud ks "
+                          f"worker get --worker {worker.get('id')}`) and the ibmCloud.endpoint the answer came from")
+    return ip

@@ -10,7 +10,7 @@ from pulumi.dynamic import Resource
 
 from ..common import names
 from ..common.waiting import WaitTimeout, wait_for
-from . import cluster
+from . import cluster, pod_security
 from .cordon import CORDON_ANNOTATION, UNSCHEDULABLE_TAINT, _set_unschedulable
 from .pods import _delete_pod_quietly, _wait_for_pod_end
 from .provider import CheckFailed, _bullets, _Provider, _short, _timing
@@ -91,6 +91,7 @@ def rollback_pod(node: str, extended_resource: str, image: str, command: list[st
                      "labels": {"app.kubernetes.io/name": ROLLBACK_APP, ROLLBACK_NODE_LABEL: node}},
         "spec": {
             "restartPolicy": "Never",
+            **pod_security.pod_spec_fields(),  # Pod Security restricted, as the smoke pod
             # If the process is killed before it can delete the pod, the pod still stops and frees its GPU
             # (the next run deletes it).
             **({"activeDeadlineSeconds": max(1, math.ceil(deadline))} if deadline else {}),
@@ -99,7 +100,8 @@ def rollback_pod(node: str, extended_resource: str, image: str, command: list[st
             "tolerations": [{"key": UNSCHEDULABLE_TAINT, "operator": "Exists", "effect": "NoSchedule"},
                             *tolerations],
             "containers": [{"name": "smoke", "image": image, "command": command,
-                            "resources": {"requests": one, "limits": one}}],
+                            "resources": {"requests": one, "limits": one},
+                            "securityContext": pod_security.container_security_context()}],
         },
     }
 
@@ -155,7 +157,8 @@ class _RollbackVerificationProvider(_Provider):
 
         wait_for(f"device plugin to offer {resource} on node {node}", allocatable, **_timing(p, 600))
         try:
-            core.create_namespace({"metadata": {"name": ns}})
+            # Labelled as the smoke namespace the DRA path declares (components/smoke_pod.py).
+            core.create_namespace({"metadata": {"name": ns, "labels": dict(pod_security.NAMESPACE_LABELS)}})
         except ApiException as e:
             if e.status not in (403, 409):  # exists, or we may not create namespaces (then the pod create says so)
                 raise

@@ -16,7 +16,7 @@ def local_config(cluster, iks, nodes: list[dict], kube_version: str = "1.37", **
         "clusterName": iks.cluster_name,
         "kubeVersion": kube_version,
         "kubeconfig": str(cluster.kubeconfig),
-        "ibmCloud": {"endpoint": iks.url, "iamEndpoint": iks.url},
+        "ibmCloud": {"endpoint": iks.url, "iamEndpoint": iks.url, "allowCustomEndpoints": True},
         "nodes": nodes,
         "gpuOperator": {"chart": str(CHARTS / "gpu-operator"), "version": "v25.10.1", "namespace": "gpu-operator",
                         "values": {}},
@@ -52,7 +52,8 @@ class Project:
         return self.engine.stack(stack, program)
 
 
-EVERY_UP_CHECKS = {"gpu-node-inventory", "operand-placement"}  # read-only checks that run (as updates) on every up
+# Read-only checks that run (as updates) on every up.
+EVERY_UP_CHECKS = {"cluster-identity", "gpu-node-inventory", "operand-placement"}
 
 
 SYMBOLS = {"create": "+", "delete": "-", "update": "~", "replace": "+-", "create-replacement": "+-",

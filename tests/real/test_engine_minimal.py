@@ -6,6 +6,7 @@ from kubernetes import client
 
 from gpu_migration_local.gpu_doubles import GPU_PRESENT
 from iks_gpu_migration.components import dra_path as dra
+from iks_gpu_migration.kube.inventory import IKS_WORKER_ID_LABEL
 from tests.emulators.iks import IksEmulator
 
 from .kube import eventually, kwok_node
@@ -18,8 +19,9 @@ def test_minimal_stack_up_under_the_real_cli(cluster, project):
     try:
         worker = iks.add_worker(version="1.35.4_1540")
         node = f"10.9.0.{uuid.uuid4().int % 200 + 10}"
-        core.create_node(kwok_node(node, {GPU_PRESENT: "true"}, {"gpu-migration.local/ibm-managed-driver": "true"},
-                                   kubelet_version="v1.35.4"))
+        # As IKS labels it: the cluster identity check ties the node to the emulator's cluster by its worker ID.
+        core.create_node(kwok_node(node, {GPU_PRESENT: "true", IKS_WORKER_ID_LABEL: worker["id"]},
+                                   {"gpu-migration.local/ibm-managed-driver": "true"}, kubelet_version="v1.35.4"))
         project.write_stack(local_config(cluster, iks, [{"name": node, "workerId": worker["id"],
                                                           "stage": "ibm-managed"}]))
         stack = project.stack()
@@ -96,20 +98,20 @@ def test_smoke_pod_replaced_while_the_old_one_still_terminates(cluster, project)
     project.write_stack({})
     stack = project.stack("smoke", program)
     first = stack.up(on_output=print).outputs["uid"].value
-    core.patch_namespaced_pod("gpu-smoke-gpu-a", namespace, {"metadata": {"finalizers": [hold]}})
+    core.patch_namespaced_pod("gpu-smoke-test-gpu-a", namespace, {"metadata": {"finalizers": [hold]}})
     hostname["value"] = "10.9.1.2"
 
     def release_when_terminating():
-        eventually(lambda: core.read_namespaced_pod("gpu-smoke-gpu-a", namespace).metadata.deletion_timestamp,
+        eventually(lambda: core.read_namespaced_pod("gpu-smoke-test-gpu-a", namespace).metadata.deletion_timestamp,
                    "the old smoke pod terminating", timeout=60)
         threading.Event().wait(3)  # the replacement's create runs now if it does not wait for the deletion
-        core.patch_namespaced_pod("gpu-smoke-gpu-a", namespace, {"metadata": {"finalizers": None}})
+        core.patch_namespaced_pod("gpu-smoke-test-gpu-a", namespace, {"metadata": {"finalizers": None}})
 
     releaser = threading.Thread(target=release_when_terminating, daemon=True)
     releaser.start()
     second = stack.up(on_output=print)
     releaser.join(timeout=60)
-    pod = core.read_namespaced_pod("gpu-smoke-gpu-a", namespace)
+    pod = core.read_namespaced_pod("gpu-smoke-test-gpu-a", namespace)
     assert second.outputs["uid"].value == pod.metadata.uid != first
     assert pod.spec.node_selector["kubernetes.io/hostname"] == "10.9.1.2"
     stack.destroy(on_output=print)

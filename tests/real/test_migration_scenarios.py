@@ -7,7 +7,7 @@ import time
 
 import pytest
 from kubernetes import client
-from pulumi.automation import CommandError
+from pulumi.automation import CommandError, ConfigValue
 
 from gpu_migration_local.gpu_doubles import gpu_uuid
 from preview_diff import preview
@@ -111,7 +111,7 @@ def test_failing_smoke_test_stops_up_and_names_the_criterion(env):
     # stays cordoned, and not in the stack state (the next `up` judges again).
     deployed = {r["urn"].rsplit("::", 1)[1]: r for r in stack.export_stack().deployment["resources"]}
     new_a = deployed[f"{A}-replacement"]["outputs"]["node_name"]
-    assert f"smoke test gpu-pilot/gpu-smoke-{A} on node {new_a} failed" in str(failed.value)
+    assert f"smoke test gpu-pilot/gpu-smoke-test-{A} on node {new_a} failed" in str(failed.value)
     assert "criterion 3 (GPU in logs)" in str(failed.value) and gpu_uuid(new_a, 0) in str(failed.value)
     assert not any(f"criterion {n}" in str(failed.value) for n in (1, 2, 4))
     assert f"{A}-smoke-verification" not in deployed
@@ -130,17 +130,28 @@ def test_failing_smoke_test_stops_up_and_names_the_criterion(env):
 def test_bad_config_fails_preview_naming_the_key_and_creates_nothing(env):
     cfg = env.config(PILOT_STAGES)
     cfg["nodes"][1]["stage"] = "dra-pilot"
+    cfg["ibmApiKey"] = env.iks.api_key  # `pulumi config set` without --secret: readable in the stack file
     env.project.write_stack(cfg)
     stack = env.project.stack()
     with pytest.raises(CommandError) as failed:
         stack.preview(on_output=print)
     assert "gpu-migration:nodes[1].stage" in str(failed.value) and "dra-pilot" in str(failed.value)
+    # Told apart by the engine (the program's configSecretKeys), reported with the other problem.
+    assert "gpu-migration:ibmApiKey: is set in plain text" in str(failed.value)
+    assert "pulumi config set --secret gpu-migration:ibmApiKey" in str(failed.value)
     with pytest.raises(CommandError):
         stack.up(on_output=print)
     assert [r for r in stack.export_stack().deployment.get("resources", [])
             if r["type"] != "pulumi:pulumi:Stack"] == []
     assert all(not (n.metadata.labels or {}).get("nvidia.com/gpu.deploy.operands") for n in env.core.list_node().items)
     assert env.iks.count("PUT", f"/v1/clusters/{env.iks.cluster_name}") == 0
+    # Fixed: the stage, and the key set as a secret (encrypted in the stack file): preview passes.
+    del cfg["ibmApiKey"]
+    cfg["nodes"][1]["stage"] = PILOT_STAGES[B]
+    env.project.write_stack(cfg)
+    stack.set_config("gpu-migration:ibmApiKey", ConfigValue(env.iks.api_key, secret=True))
+    assert env.iks.api_key not in (env.project.dir / "Pulumi.local.yaml").read_text()
+    stack.preview(on_output=print)
 
 
 # 5 -----------------------------------------------------------------------------------------------------------------

@@ -160,7 +160,7 @@ def test_dra_node_stays_cordoned_until_its_smoke_test_passed(env):
     assert cordon < plugin_off < pilot < passed < uncordon, (cordon, plugin_off, pilot, passed, uncordon)
     assert all(s.unschedulable for s in states[cordon:uncordon])
     assert not any(s.unschedulable for s in states[uncordon:])
-    assert record(states[passed])["pod"] == f"gpu-pilot/gpu-smoke-{A}"
+    assert record(states[passed])["pod"] == f"gpu-pilot/gpu-smoke-test-{A}"
 
     # What else the fresh up left on the DRA path: devices only on the dra node, the preflight checked it, the smoke
     # pod used its first GPU through DRA and the record says so; the device-plugin node keeps its plugin.

@@ -69,7 +69,7 @@ def deploy_with_release(env, tmp_path) -> tuple[dict, dict]:
     project, cli_env = env.project, env.project.engine.env
     pulumi, pulumi_env = project.engine.cli()
     log1 = tmp_path / "imports-release.jsonl"
-    project.write_stack(env.config(PILOT_STAGES))
+    project.write_stack(release_config(env))
     output = up_with_release(release.parent, project.dir, project.engine.backend_dir, cli_env["IC_API_KEY"], log1)
     assert "release up: succeeded" in output, output[-3000:]
     host, program = host_imports(log1)
@@ -93,9 +93,19 @@ def deploy_with_release(env, tmp_path) -> tuple[dict, dict]:
     return released, released_ids
 
 
+def release_config(env) -> dict:
+    """The stack config as the release reads it: it knows no ibmCloud.allowCustomEndpoints (and forbids unknown keys);
+    it trusts any https endpoint and plain http to 127.0.0.1."""
+    cfg = env.config(PILOT_STAGES)
+    cfg["ibmCloud"] = {k: v for k, v in cfg["ibmCloud"].items() if k != "allowCustomEndpoints"}
+    return cfg
+
+
 def use_this_tree(env, tmp_path):
-    """Phase 2: this tree's code (the test process's imports; the provider host's PYTHONPATH starts at this tree)."""
+    """Phase 2: this tree's code (the test process's imports; the provider host's PYTHONPATH starts at this tree),
+    with the override this tree needs for the emulator's endpoints (the only change to the stack file)."""
     project, cli_env = env.project, env.project.engine.env
+    project.write_stack(env.config(PILOT_STAGES))
     hooks = tmp_path / "import-recorder-tree"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
@@ -126,11 +136,14 @@ def refresh_and_preview(env, stack, released: dict) -> None:
     # The components this layout added (no cluster objects) are the only creates. Every resource they now parent was
     # at the stack's root and keeps its URN through its alias (state_compat.WAS_AT_ROOT): an alias that failed would
     # delete the old URN, and planned_changes keeps "-" for that name.
-    # Each smoke pod's await annotation changed (components/smoke_pod.py: waitFor instead of skipAwait, so a
-    # replacement waits for the old pod to go): an in-place metadata update; its verification does not run again.
-    assert meaningful(changes) == {**NEW_COMPONENTS, f"smoke-{A}": "~"}, f"preview after refresh plans {meaningful(changes)}:\n" + "\n".join(shown)
-    assert set(changes) <= EVERY_UP_CHECKS | set(NEW_COMPONENTS) | {f"smoke-{A}"} | {f"{n}-operand-placement"
-                                                                                        for n in (A, B)}, changes
+    # Each smoke pod gained its Pod Security settings (kube/pod_security.py), which a Pod can't change in place: it is
+    # replaced and its smoke test runs again (its verification follows the new pod's uid); the smoke namespace gains
+    # its Pod Security labels in place.
+    upgraded = {f"smoke-{A}": "+-", f"{A}-smoke-verification": "+-", "smoke-namespace": "~"}
+    assert meaningful(changes) == {**NEW_COMPONENTS, **upgraded}, (
+        f"preview after refresh plans {meaningful(changes)}:\n" + "\n".join(shown))
+    assert set(changes) <= EVERY_UP_CHECKS | set(NEW_COMPONENTS) | set(upgraded) | {f"{n}-operand-placement"
+                                                                                      for n in (A, B)}, changes
 
 
 def update_and_delete(env, stack, released: dict) -> tuple[dict, dict]:
@@ -151,7 +164,7 @@ def update_and_delete(env, stack, released: dict) -> tuple[dict, dict]:
     # originals of what B's new stage replaces (switch, readiness: delete before replace; the batch gate).
     deleted = {n for n, o in ops.items() if o & {"delete", "delete-replaced"}}
     assert {f"{B}-rollback", f"{B}-switch", f"{B}-operator-ready", "batch-2-gate"} <= deleted, ops
-    assert deleted <= set(released), deleted - set(released)
+    assert deleted - {f"smoke-{A}"} <= set(released), deleted - set(released)  # A's smoke pod: replaced (above)
     print(f"up deleted {len(deleted)} resources with the release's __provider: {sorted(deleted)}")
     new_b = result.outputs[f"node:{B}"].value["nodeName"]
     labels = env.node(new_b).metadata.labels
