@@ -71,7 +71,8 @@ def test_an_image_by_tag_warns_once_outside_the_local_environment(raw, monkeypat
     raw["smokeTest"]["image"] = f"{image}@{DIGEST}"
     assert warnings_of(raw, monkeypatch) == []
     raw["smokeTest"]["image"] = image
-    raw["ibmCloud"] = {"endpoint": "http://127.0.0.1:18480", "iamEndpoint": "http://127.0.0.1:18480"}
+    raw["ibmCloud"] = {"endpoint": "http://127.0.0.1:18480", "iamEndpoint": "http://127.0.0.1:18480",
+                      "allowCustomEndpoints": True}
     assert warnings_of(raw, monkeypatch) == []  # the local environment's images are doubles
 
 
@@ -117,7 +118,8 @@ def test_remote_chart_sources_are_accepted(raw, chart, repo):
 def test_local_charts_only_in_the_local_environment(raw):
     raw["gpuOperator"].update(chart="gpu_migration_local/charts/gpu-operator", repo="")
     assert problems_for(raw)
-    raw["ibmCloud"] = {"endpoint": "http://127.0.0.1:18480", "iamEndpoint": "http://127.0.0.1:18480"}
+    raw["ibmCloud"] = {"endpoint": "http://127.0.0.1:18480", "iamEndpoint": "http://127.0.0.1:18480",
+                      "allowCustomEndpoints": True}
     assert parse(raw).gpu_operator.chart == "gpu_migration_local/charts/gpu-operator"
     local = stack_config("local")
     local.pop("kubeconfig")  # made by the local environment when it runs

@@ -86,16 +86,16 @@ class IksClient(BaseService):
         self.retry_interval = retry_interval
         self.enable_retries(max_retries=max_retries, retry_interval=retry_interval)
 
-    def secrets(self) -> tuple[str, ...]:
+    def _secrets(self) -> tuple[str, ...]:
         """What no error text may show: the API key and the tokens IAM issued for it."""
         manager = self.authenticator.token_manager
         return tuple(filter(None, (manager.apikey, manager.access_token, getattr(manager, "refresh_token", None))))
 
     def _safe(self, text: str) -> str:
-        return safe(text, self.secrets())
+        return safe(text, self._secrets())
 
     def _message(self, error: ApiException) -> str:
-        return api_message(error, self.secrets())
+        return api_message(error, self._secrets())
 
     @classmethod
     def from_api(cls, api: dict[str, Any], fallback_key: Optional[str] = None) -> "IksClient":
