@@ -73,7 +73,7 @@ class Recovery:
             if not self.yes:
                 self.out(f"would remove {attrs}: the kill cut its write short (empty or partial), so the stack can't "
                          f"be read (a missing one reads as default attributes; `rm {attrs}` does the same). The rest "
-                         f"of the plan shows once it is gone.")
+                         f"of the plan shows once it is gone (`--yes` removes it). dry run: nothing changed")
                 return False
             attrs.unlink()
             self.out(f"removed {attrs}: the kill cut its write short (empty or partial), so the stack could not be "
