@@ -28,10 +28,10 @@ def record_iks_writes(iks) -> list[tuple[str, str, dict]]:
     bodies)."""
     writes, route = [], iks.route
 
-    def recording(method, path, query, body):
+    def recording(method, path, query, body, *role):  # role: the caller's IAM role (the emulator enforces it)
         if method != "GET":
             writes.append((method, path, body))
-        return route(method, path, query, body)
+        return route(method, path, query, body, *role)
     iks.route = recording
     return writes
 
