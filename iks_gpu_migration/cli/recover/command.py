@@ -16,7 +16,7 @@ from .adopt import (HELM_RELEASE, Step, adopt_pending, decide_object, decide_rel
                     provider_id, with_force)
 from .backend import broken_sidecars, file_root, kind, parse_time, read_locks
 from .cluster import Cluster
-from .holders import CancelDecision, Holder, decide_cancel, judge_lock, project_processes
+from .holders import CancelDecision, Holder, check_bucket_locks, decide_cancel, judge_lock, project_processes
 from .processes import process_table, read_proc
 from .stack import PROJECT, Cli, RecoverError, foreign_urns, project_dir, stack_name
 
@@ -178,9 +178,8 @@ class Recovery:
         if not (pending or unread or cancel.cancel):
             if self.backend == "diy":  # a bucket's lock files are not read (decide_cancel): don't claim "no lock"
                 self.out(f"stack {self.stack}: no pending operations; recover doesn't read the bucket's lock files, "
-                         f"so if `pulumi up --stack {self.stack}` says the stack is locked, check that the files "
-                         f"under .pulumi/locks/organization/{PROJECT}/{self.name}/ name no running process (pid, "
-                         f"hostname, timestamp), then run `pulumi cancel --stack {self.stack}`")
+                         f"so if `pulumi up --stack {self.stack}` says the stack is locked, "
+                         f"{check_bucket_locks(self.name)}, then run `pulumi cancel --stack {self.stack}`")
                 return 0
             self.out(f"stack {self.stack}: no pending operations and no lock to remove; run `pulumi up --stack "
                      f"{self.stack}`")

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Optional
 
+from ...config.model import NAMESPACE as PROJECT  # the Pulumi project name
+
 # A lock's timestamp is taken after its process started (pulumi pkg/backend/diy/lock.go newLockContent); a process
 # with the lock's pid that started later than this after it is another process that reused the pid.
 PID_REUSE_SLACK = 2.0  # seconds: /proc start times count in clock ticks
@@ -159,6 +161,10 @@ def decide_cancel(backend: str, holders: list[Holder], procs: list[Proc], in_pro
                               "not read here", tuple(blockers))
     return CancelDecision(True, "`pulumi cancel` removes every lock of the stack", tuple(blockers),
                           f"this backend keeps its lock files in a bucket recover does not read, and `pulumi cancel` "
-                          f"deletes them all, a running update's too: check that the files under "
-                          f".pulumi/locks/organization/<project>/{stack}/ name no running process (pid, hostname, "
-                          f"timestamp)")
+                          f"deletes them all, a running update's too: {check_bucket_locks(stack)}")
+
+
+def check_bucket_locks(stack: str) -> str:
+    """What to look at before cancelling on a bucket backend, whose lock files recover does not read."""
+    return (f"check that the files under .pulumi/locks/organization/{PROJECT}/{stack}/ name no running process "
+            f"(pid, hostname, timestamp)")
