@@ -4,6 +4,7 @@ Rooms, from the ground up: common/ (versions, names, bounded waits), config/ and
 resources acting on the cluster and on IKS), components/ (the Pulumi components and the declaration), cli/ (status,
 recover), program.py (the entry). docs/design.md has the map.
 """
-from . import state_compat
+from . import sdk_workarounds, state_compat
 
 state_compat.install()  # before any unpickling: stacks of earlier releases name their providers by old module paths
+sdk_workarounds.widen_provider_host()  # only in the dynamic-provider host: 4 threads served the whole stack

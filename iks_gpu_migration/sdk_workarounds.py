@@ -13,9 +13,15 @@ Checked against: pulumi (Python SDK) 3.272.0, under the Pulumi CLI/engine v3.274
    `_add_dependency` for depends_on and for every resource an input Output carries). What every node waits for (the
    GPU Operator, the previous batch) therefore goes as an edge-free Output (`edge_free`, `detached`, `once_done`):
    built with the SDK's private `Output.__init__(resources, future, is_known, is_secret)`.
+3. The dynamic-provider host serves every gpu-migration:* resource of a stack from one gRPC server whose thread pool
+   has 4 workers (pulumi/dynamic/__main__.py `main`), and each replacement, drain or check holds its thread while it
+   waits: 4 nodes of a batch progressed at once, whatever the budget. `widen_provider_host` lifts the pool in the
+   host process, so the engine's `--parallel` is the only bound.
 """
 import asyncio
+import gc
 import os
+import sys
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
 import pulumi
@@ -91,3 +97,29 @@ def once_done(value: Any, resources: Sequence[pulumi.Resource]) -> pulumi.Output
         return value
 
     return edge_free(wait())
+
+
+# The dynamic-provider host runs as `python -m pulumi.dynamic` (the CLI's pulumi-resource-pulumi-python script).
+PROVIDER_HOST_MODULE = "pulumi.dynamic.__main__"
+# Threads start only on demand (concurrent.futures.thread `_adjust_thread_count` reads `_max_workers` at each
+# submit), so this is a ceiling, not a cost: the engine runs at most `--parallel` steps at once.
+PROVIDER_HOST_WORKERS = 1024
+
+
+def widen_provider_host(workers: int = PROVIDER_HOST_WORKERS) -> int:
+    """In the dynamic-provider host (3. above), raise its gRPC server's thread pool to `workers`; elsewhere (the
+    program, tests) do nothing. Returns how many server pools were widened. The server is a local of the host's
+    `main`, so it is found as the one `grpc._server._ServerState` (its `thread_pool`) alive in the process; runs
+    when the host first unpickles one of this package's providers (iks_gpu_migration/__init__.py)."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) != PROVIDER_HOST_MODULE:
+        return 0
+    import grpc._server  # noqa: PLC0415 - only in the host
+
+    widened = 0
+    for state in [o for o in gc.get_objects() if isinstance(o, grpc._server._ServerState)]:
+        pool = state.thread_pool
+        if pool._max_workers < workers:
+            pool._max_workers = workers
+            widened += 1
+    return widened

@@ -17,7 +17,6 @@ import pytest
 
 from iks_gpu_migration import sdk_workarounds
 from iks_gpu_migration.components import hooks
-from iks_gpu_migration.components.rollout import DYNAMIC_PROVIDER_WORKERS
 from iks_gpu_migration.config import loading
 from lockfile import REPO, pins, pinned_version
 
@@ -88,7 +87,7 @@ RELIED_ON = {
     ("pulumi.runtime.resource_cycle_breaker", "_reachable"): ("0c1f86785ecdff23", "the O(n) cycle check edge-free Outputs avoid"),
     ("pulumi.dynamic.dynamic", "serialize_provider"): ("8d5613fceef2f9b0", "state_compat: providers pickled by module and class"),
     ("pulumi.dynamic.__main__", "get_provider"): ("36a42d0f6be3200c", "state_compat: the provider host unpickles them by import"),
-    ("pulumi.dynamic.__main__", "main"): ("77f501f1bcbf5341", "rollout.DYNAMIC_PROVIDER_WORKERS (ThreadPoolExecutor(max_workers=4))"),
+    ("pulumi.dynamic.__main__", "main"): ("77f501f1bcbf5341", "sdk_workarounds.widen_provider_host (one grpc.server, ThreadPoolExecutor(max_workers=4))"),
     ("pulumi.runtime.config", "set_all_config"): ("dc0d5c55e5193650", "config/loading.py reads the stack's config from runtime.config.CONFIG"),
     ("pulumi.runtime.config", "get_config_env"): ("510dadb1abf6e33e", "config/loading.py reads PULUMI_CONFIG of older language hosts"),
 }
@@ -153,4 +152,44 @@ def test_edge_free_output_signature_and_provider_host_threads():
     params = list(inspect.signature(pulumi.Output.__init__).parameters)
     assert params == ["self", "resources", "future", "is_known", "is_secret"]
     assert list(inspect.signature(pulumi.log.debug).parameters) == list(inspect.signature(sdk_workarounds._dropped).parameters)
-    assert f"ThreadPoolExecutor(max_workers={DYNAMIC_PROVIDER_WORKERS})" in source_of("pulumi.dynamic.__main__", "main")
+    host_main = source_of("pulumi.dynamic.__main__", "main")
+    assert "grpc.server(" in host_main and "futures.ThreadPoolExecutor(max_workers=4)" in host_main
+    assert source_of("concurrent.futures.thread", "ThreadPoolExecutor._adjust_thread_count").count(
+        "self._max_workers") == 1  # read at each submit: raising it later lets more threads start
+
+
+def serve_in_a_fake_host(monkeypatch, host: bool):
+    """A gRPC server built as the dynamic-provider host builds it, in a process whose __main__ is (or is not) the
+    host's module; then whatever widen_provider_host does."""
+    import concurrent.futures
+    import types
+
+    import grpc
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=4)
+    server = grpc.server(pool)
+    main = types.ModuleType("__main__")
+    main.__spec__ = importlib.util.spec_from_loader(
+        sdk_workarounds.PROVIDER_HOST_MODULE if host else "pytest.__main__", loader=None)
+    monkeypatch.setitem(__import__("sys").modules, "__main__", main)
+    return pool, server, sdk_workarounds.widen_provider_host()
+
+
+def test_the_provider_host_serves_more_than_four_operations_at_once(monkeypatch):
+    import threading
+    pool, server, widened = serve_in_a_fake_host(monkeypatch, host=True)
+    try:
+        assert widened >= 1 and pool._max_workers == sdk_workarounds.PROVIDER_HOST_WORKERS
+        together = threading.Barrier(12, timeout=10)  # 12 waits that each hold a thread: only all at once pass
+        assert all(f.result(timeout=20) is not None for f in [pool.submit(together.wait) for _ in range(12)])
+    finally:
+        server.stop(0)
+        pool.shutdown(wait=False)
+
+
+def test_outside_the_provider_host_nothing_is_widened(monkeypatch):
+    pool, server, widened = serve_in_a_fake_host(monkeypatch, host=False)
+    try:
+        assert (widened, pool._max_workers) == (0, 4)
+    finally:
+        server.stop(0)
+        pool.shutdown(wait=False)

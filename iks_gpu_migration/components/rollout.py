@@ -25,19 +25,35 @@ if TYPE_CHECKING:
     from .gpu_node import GpuNode
 
 
-# pulumi/dynamic/__main__.py: grpc.server(futures.ThreadPoolExecutor(max_workers=4)) serves every dynamic resource.
-DYNAMIC_PROVIDER_WORKERS = 4
+# Steps that may run beside a batch's nodes (each node runs one step at a time): the batch's gate and DRA preflight,
+# chart upgrades, the next batch's gate once this one is done.
+PARALLEL_HEADROOM = 8
+
+
+def parallel_needed(batch_size: int) -> int:
+    """The `--parallel` under which every node of a batch progresses at once (the engine runs at most `--parallel`
+    steps together: pkg/resource/deploy/step_executor.go; its default is 4 x CPUs, pkg/cmd/pulumi/operations/up.go
+    `defaultParallel`). The dynamic-provider host is no bound (sdk_workarounds.widen_provider_host)."""
+    return batch_size + PARALLEL_HEADROOM
+
+
+def engine_parallel() -> Optional[int]:
+    """The engine's `--parallel`, as the language host passes it to the program (pulumi-language-python-exec
+    `--parallel` -> runtime settings); None when unknown (e.g. under mocks)."""
+    value = getattr(pulumi.runtime.settings.SETTINGS, "parallel", None)
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def show(plan: Plan) -> None:
-    """The plan in `pulumi preview`, and a warning when a batch is wider than what progresses at once."""
+    """The plan in `pulumi preview`, and a warning when the engine's `--parallel` would hold a batch back."""
     if pulumi.runtime.is_dry_run():
         pulumi.log.info(plan.render())
-    if plan.budget.batch_size > DYNAMIC_PROVIDER_WORKERS:
+    parallel, needed = engine_parallel(), parallel_needed(plan.budget.batch_size)
+    if parallel is not None and parallel < needed and plan.batches:
         pulumi.log.warn(
-            f"batches of {plan.budget.batch_size} nodes: the Python dynamic-provider host runs at most "
-            f"{DYNAMIC_PROVIDER_WORKERS} provider operations at once, so at most that many nodes of a batch progress "
-            f"together (see docs/fleet-scale.md)"
+            f"batches of {plan.budget.batch_size} nodes, but the engine runs at most {parallel} steps at once "
+            f"(`--parallel`, default 4 x CPUs): fewer nodes of a batch than it holds progress together. Run "
+            f"`pulumi up --parallel {needed}` (batch size + {PARALLEL_HEADROOM}) or more (docs/fleet-scale.md)"
         )
 
 

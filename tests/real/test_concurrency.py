@@ -1,10 +1,12 @@
-"""Real concurrency of a batch under the real Pulumi CLI and engine (issue 11, point 3): a batch of k nodes with
-budget k replaces its workers at once, up to the dynamic-provider host's 4 operations, and `pulumi up --parallel`
-bounds it further. Measured where it matters: the replaceWorker calls the IKS emulator receives.
+"""Real concurrency of a batch under the real Pulumi CLI and engine (issue 20, point 1): a batch of k nodes with
+budget k moves its k nodes at once, drain and replaceWorker included, under the `--parallel` the program asks for
+(batch size + 8; rollout.parallel_needed); with less, preview and up say what to run. Measured where it matters: the
+replaceWorker calls the IKS emulator receives, each after its node's drain in the same provider operation.
 
-Why 4: every gpu-migration:* resource is served by one Python dynamic-provider host process, whose gRPC server runs
-`grpc.server(futures.ThreadPoolExecutor(max_workers=4))` (pulumi/pulumi sdk/python/lib/pulumi/dynamic/__main__.py,
-`main`); the engine runs at most `--parallel` steps at once (pkg/resource/deploy/step_executor.go `newStepExecutor` starts `DegreeOfParallelism()` workers).
+What bounded it before: every gpu-migration:* resource is served by one Python dynamic-provider host process, whose
+gRPC server runs `grpc.server(futures.ThreadPoolExecutor(max_workers=4))` (pulumi/pulumi
+sdk/python/lib/pulumi/dynamic/__main__.py, `main`); sdk_workarounds.widen_provider_host lifts it in that process. The
+engine runs at most `--parallel` steps at once (pkg/resource/deploy/step_executor.go `newStepExecutor`).
 """
 import threading
 import time
@@ -12,13 +14,14 @@ import time
 from kubernetes import client
 
 from gpu_migration_local.env import LocalCluster
+from iks_gpu_migration.components import rollout
 
 from .kube import eventually
 from .local_iks import local_iks
 from .project import local_config
 
-REPLACE_SECONDS = 15.0  # every new worker deploys this long after replaceWorker (IksEmulator.provision_seconds)
-NODES = {f"10.240.0.{11 + i}": f"kube-local0001-gpu-{101 + i:08d}" for i in range(5)}
+REPLACE_SECONDS = 30.0  # every new worker deploys this long after replaceWorker (IksEmulator.provision_seconds)
+NODES = {f"10.240.0.{11 + i}": f"kube-local0001-gpu-{101 + i:08d}" for i in range(8)}
 
 
 class TimedLog(list):
@@ -44,33 +47,33 @@ def overlap(starts: list[float], hold: float) -> int:
     return max(sum(1 for s in starts if t - hold < s <= t) for t in starts)
 
 
-def up_one_batch(project, parallel=None) -> tuple[list[float], list[str]]:
-    """`pulumi up` of five device-plugin nodes with maxUnavailable 5 (one batch); the replaceWorker call times and
-    the engine's output."""
+def test_a_batch_of_eight_moves_its_eight_nodes_at_once(project):
+    """8 device-plugin nodes, maxUnavailable 8 (one batch): a preview under a smaller `--parallel` says what to run;
+    `up` with it sends all 8 replaceWorker requests (each after its node's drain) within one provisioning delay, and
+    the batch ends about one delay after the first: the 8 provider operations waited together, not in two rounds."""
     with LocalCluster() as cluster, local_iks(cluster, NODES) as iks:
         iks.requests = TimedLog()
         iks.provision_seconds = REPLACE_SECONDS
         core = client.CoreV1Api(cluster.api_client)
-        eventually(lambda: len(core.list_node().items) == len(NODES), "five IKS GPU nodes registered")
+        eventually(lambda: len(core.list_node().items) == len(NODES), "eight IKS GPU nodes registered")
         nodes = [{"name": n, "workerId": w, "stage": "device-plugin"} for n, w in NODES.items()]
         timeouts = {"masterUpdate": 60, "workerReplace": 120, "operatorReady": 120, "evict": 60, "pollInterval": 0.2}
-        project.write_stack(local_config(cluster, iks, nodes, maxUnavailable=5, timeouts=timeouts))
+        project.write_stack(local_config(cluster, iks, nodes, maxUnavailable=len(NODES), timeouts=timeouts))
+        needed = rollout.parallel_needed(len(NODES))
         output: list[str] = []
-        kwargs = {"parallel": parallel} if parallel else {}
-        result = project.stack().up(on_output=lambda line: (output.append(line), print(line)), **kwargs)
+        project.stack().preview(parallel=4, on_output=output.append)
+        assert any(f"Run `pulumi up --parallel {needed}`" in line for line in output), output
+
+        output.clear()
+        result = project.stack().up(parallel=needed, on_output=lambda line: (output.append(line), print(line)))
+        ended = time.monotonic()
         assert result.summary.result == "succeeded"
+        assert not any("pulumi up --parallel" in line for line in output)  # enough: no warning
         starts = iks.requests.at("POST", "/v2/vpc/replaceWorker")
         assert len(starts) == len(NODES), starts  # one replacement per node
-        return starts, output
-
-
-def test_a_batch_replaces_its_workers_concurrently_up_to_the_provider_hosts_four(project):
-    starts, output = up_one_batch(project)
-    # Four at once, not one after another and not five: the fifth waits for a free provider-host thread.
-    assert overlap(starts, REPLACE_SECONDS) == 4, [round(s - starts[0], 1) for s in starts]
-    assert any("at most 4 provider operations at once" in line for line in output)  # preview and up say so
-
-
-def test_up_parallel_bounds_the_batch_further(project):
-    starts, _ = up_one_batch(project, parallel=2)
-    assert overlap(starts, REPLACE_SECONDS) == 2, [round(s - starts[0], 1) for s in starts]
+        offsets = [round(s - starts[0], 1) for s in starts]
+        assert overlap(starts, REPLACE_SECONDS) == len(NODES), offsets
+        assert max(offsets) < REPLACE_SECONDS / 2, offsets  # one round, not two
+        # The batch's drains, replacements, switches, readiness and pending-pod checks: about one delay (two rounds of
+        # 4 would take at least two).
+        assert ended - starts[0] < 1.5 * REPLACE_SECONDS, round(ended - starts[0], 1)
