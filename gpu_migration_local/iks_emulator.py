@@ -61,7 +61,7 @@ import json
 import re
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, unquote, urlparse
 
 import jwt
@@ -126,6 +126,9 @@ class IksEmulator:
         self._expire_on: list[str] = []
         self._pending: list[list[Any]] = []  # [ticks left, callback]
         self._ids = itertools.count(1)
+        # The new worker's primary IP (its node name) from its ID counter; fleets of hundreds of workers (benchmarks)
+        # give one that never repeats.
+        self.ip_of: Callable[[int], str] = lambda n: f"10.240.0.{n % 250 + 2}"
         self.server = LocalServer(self._handle, methods=("GET", "POST", "PUT", "DELETE"), poll_interval=0.01,
                                   port=port)
 
@@ -257,7 +260,7 @@ class IksEmulator:
                           "reasonForDelete": ""},
             "health": {"state": "normal" if state == "deployed" else "pending",
                        "message": "Ready" if state == "deployed" else ""},
-            "networkInterfaces": [{"cidr": "10.240.0.0/24", "ipAddress": f"10.240.0.{n % 250 + 2}", "primary": True,
+            "networkInterfaces": [{"cidr": "10.240.0.0/24", "ipAddress": self.ip_of(n), "primary": True,
                                    "subnetID": "subnet-1"}],
         }
         self.workers[worker["id"]] = worker

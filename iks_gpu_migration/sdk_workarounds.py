@@ -13,6 +13,10 @@ Checked against: pulumi (Python SDK) 3.272.0, under the Pulumi CLI/engine v3.274
    `_add_dependency` for depends_on and for every resource an input Output carries). What every node waits for (the
    GPU Operator, the previous batch) therefore goes as an edge-free Output (`edge_free`, `detached`, `once_done`):
    built with the SDK's private `Output.__init__(resources, future, is_known, is_secret)`.
+   - every registration captures the whole Python stack, reading each frame's source line (`traceback.extract_stack`
+     in pulumi/runtime/resource.py `_get_stack_trace`), and the state keeps it: about 20 frames, 2.5 KB of each
+     resource's 4 KB. `one_frame_stack_traces` keeps the frame the SDK names as the resource's source position,
+     found by walking frames, not by formatting them.
 3. The dynamic-provider host serves every gpu-migration:* resource of a stack from one gRPC server whose thread pool
    has 4 workers (pulumi/dynamic/__main__.py `main`), and each replacement, drain or check holds its thread while it
    waits: 4 nodes of a batch progressed at once, whatever the budget. `widen_provider_host` lifts the pool in the
@@ -21,6 +25,7 @@ Checked against: pulumi (Python SDK) 3.272.0, under the Pulumi CLI/engine v3.274
 import asyncio
 import gc
 import os
+import pathlib
 import sys
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
@@ -66,6 +71,52 @@ def restore_sdk_debug() -> None:
 
 def _dropped(msg: str, resource: Any = None, stream_id: Optional[int] = None, ephemeral: Optional[bool] = None) -> None:
     """`pulumi.log.debug`'s signature; sends nothing."""
+
+
+def one_frame_stack_traces() -> None:
+    """Register resources with only their source position as stack trace (1. above), unless GPU_MIGRATION_SDK_DEBUG=1.
+    `sourcePosition` in the state is the same as before; `stackTrace` keeps that one frame."""
+    import pulumi.runtime.resource as sdk_resource  # noqa: PLC0415
+
+    if os.environ.get(SDK_DEBUG_ENV) == "1" or sdk_resource._get_stack_trace is _one_frame_stack_trace:
+        return
+    global _sdk_stack_trace
+    _sdk_stack_trace = sdk_resource._get_stack_trace
+    sdk_resource._get_stack_trace = _one_frame_stack_trace
+
+
+def restore_stack_traces() -> None:
+    global _sdk_stack_trace
+    if _sdk_stack_trace is not None:
+        import pulumi.runtime.resource as sdk_resource  # noqa: PLC0415
+
+        sdk_resource._get_stack_trace, _sdk_stack_trace = _sdk_stack_trace, None
+
+
+_sdk_stack_trace: Optional[Callable[[], Any]] = None
+
+
+def _one_frame_stack_trace() -> Any:
+    """The first frame of `_get_stack_trace`'s answer, the same way found: the caller of the third `__init__` up the
+    stack (Resource <- CustomResource/ComponentResource <- the concrete resource class)."""
+    from pulumi.runtime.proto import source_pb2  # noqa: PLC0415
+
+    frame, inits = sys._getframe(1), 0
+    while frame is not None:
+        if frame.f_code.co_name == "__init__":
+            inits += 1
+            if inits == 3:
+                break
+        frame = frame.f_back
+    caller = frame.f_back if frame is not None else None
+    if caller is None or not caller.f_code.co_filename:
+        return source_pb2.StackTrace()
+    try:
+        uri = pathlib.Path(caller.f_code.co_filename).as_uri()
+    except ValueError:  # a relative path: the SDK skips such a frame's position
+        return source_pb2.StackTrace(frames=[source_pb2.StackFrame()])
+    position = source_pb2.SourcePosition(uri=uri, line=caller.f_lineno)
+    return source_pb2.StackTrace(frames=[source_pb2.StackFrame(pc=position)])
 
 
 def _resolved(value: bool) -> asyncio.Future:

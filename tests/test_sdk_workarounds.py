@@ -56,6 +56,52 @@ def test_sdk_debug_is_kept_when_asked_for(monkeypatch):
     assert engine.logged == ["beginning rpc register resource"]
 
 
+def stack_traces_from_a_resource_constructor():
+    """Both stack traces taken where the SDK takes them: inside Resource.__init__, under the CustomResource and the
+    concrete class's constructors, called from `declare` (the program's frame the SDK names as source position)."""
+    import pulumi.runtime.resource as sdk_resource
+
+    class Resource:
+        def __init__(self):
+            self.traces = (sdk_workarounds._sdk_stack_trace or sdk_resource._get_stack_trace)(), \
+                sdk_workarounds._one_frame_stack_trace()
+
+    class CustomResource(Resource):
+        def __init__(self):
+            super().__init__()
+
+    class NodeFence(CustomResource):
+        def __init__(self):
+            super().__init__()
+
+    def declare():
+        return NodeFence()
+
+    return declare().traces, declare.__code__.co_firstlineno + 1
+
+
+def test_resources_keep_their_source_position_and_only_that_frame():
+    (full, one), line = stack_traces_from_a_resource_constructor()
+    assert len(full.frames) > 3  # the SDK's: every frame down to the test runner
+    assert list(one.frames) == list(full.frames[:1])
+    assert one.frames[0].pc.line == line and one.frames[0].pc.uri == pathlib.Path(__file__).as_uri()
+
+
+def test_one_frame_stack_traces_are_installed_unless_sdk_debugging(monkeypatch):
+    import pulumi.runtime.resource as sdk_resource
+    sdk = sdk_resource._get_stack_trace
+    monkeypatch.delenv(sdk_workarounds.SDK_DEBUG_ENV, raising=False)
+    try:
+        sdk_workarounds.one_frame_stack_traces()
+        assert sdk_resource._get_stack_trace is sdk_workarounds._one_frame_stack_trace
+    finally:
+        sdk_workarounds.restore_stack_traces()
+    assert sdk_resource._get_stack_trace is sdk
+    monkeypatch.setenv(sdk_workarounds.SDK_DEBUG_ENV, "1")
+    sdk_workarounds.one_frame_stack_traces()
+    assert sdk_resource._get_stack_trace is sdk
+
+
 def test_queued_registrations_start_before_the_sdk_waits():
     """After the entrypoint yields once, every task the program queued has started (the SDK's RPC list is filled)."""
     started: list[int] = []
@@ -83,6 +129,7 @@ RELIED_ON = {
     ("pulumi.output", "Output.__init__"): ("13bd5242836b8fb6", "sdk_workarounds.edge_free builds Outputs without resources"),
     ("pulumi.runtime.stack", "wait_for_rpcs"): ("0bf483f44da06fc7", "sdk_workarounds.start_registrations_before_waiting"),
     ("pulumi.log", "_log"): ("4c35856b0f48b12f", "sdk_workarounds.quiet_sdk_debug (each message a blocking gRPC call)"),
+    ("pulumi.runtime.resource", "_get_stack_trace"): ("c1f8beec3dad09fa", "sdk_workarounds.one_frame_stack_traces keeps its first frame, found the same way"),
     ("pulumi.log", "debug"): ("766897f70e3a1770", "sdk_workarounds._dropped keeps its signature"),
     ("pulumi.runtime.resource_cycle_breaker", "_reachable"): ("0c1f86785ecdff23", "the O(n) cycle check edge-free Outputs avoid"),
     ("pulumi.dynamic.dynamic", "serialize_provider"): ("8d5613fceef2f9b0", "state_compat: providers pickled by module and class"),

@@ -1,5 +1,7 @@
 """The IKS emulator joined to the local control plane: workers become kwok Nodes, as IKS registers them."""
 import itertools
+import threading
+import time
 from contextlib import contextmanager
 
 from gpu_migration_local.iks_nodes import IksNodeSync
@@ -25,3 +27,20 @@ def local_iks(cluster, nodes: dict[str, str], cluster_name: str = "gpu-local", m
     finally:
         sync.stop()
         iks.stop()
+
+
+class TimedLog(list):
+    """The emulator's request log, with the arrival time of each request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+        self.lock = threading.Lock()
+
+    def append(self, item) -> None:
+        with self.lock:
+            self.times.append(time.monotonic())
+            super().append(item)
+
+    def at(self, method: str, path: str) -> list[float]:
+        return [t for t, r in zip(self.times, self) if r == (method, path)]

@@ -8,7 +8,6 @@ gRPC server runs `grpc.server(futures.ThreadPoolExecutor(max_workers=4))` (pulum
 sdk/python/lib/pulumi/dynamic/__main__.py, `main`); sdk_workarounds.widen_provider_host lifts it in that process. The
 engine runs at most `--parallel` steps at once (pkg/resource/deploy/step_executor.go `newStepExecutor`).
 """
-import threading
 import time
 
 from kubernetes import client
@@ -17,28 +16,11 @@ from gpu_migration_local.env import LocalCluster
 from iks_gpu_migration.components import rollout
 
 from .kube import eventually
-from .local_iks import local_iks
+from .local_iks import TimedLog, local_iks
 from .project import local_config
 
 REPLACE_SECONDS = 30.0  # every new worker deploys this long after replaceWorker (IksEmulator.provision_seconds)
 NODES = {f"10.240.0.{11 + i}": f"kube-local0001-gpu-{101 + i:08d}" for i in range(8)}
-
-
-class TimedLog(list):
-    """The emulator's request log, with the arrival time of each request."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.times: list[float] = []
-        self.lock = threading.Lock()
-
-    def append(self, item) -> None:
-        with self.lock:
-            self.times.append(time.monotonic())
-            super().append(item)
-
-    def at(self, method: str, path: str) -> list[float]:
-        return [t for t, r in zip(self.times, self) if r == (method, path)]
 
 
 def overlap(starts: list[float], hold: float) -> int:

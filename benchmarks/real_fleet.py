@@ -1,0 +1,134 @@
+"""Fleet migration on the path users run (not a test): the real Pulumi CLI and engine, the real Python
+dynamic-provider host, the local Kubernetes 1.37 control plane and the IKS emulator, every new worker deploying T
+seconds after its replaceWorker.
+
+    venv/bin/python benchmarks/real_fleet.py N:k:T [N:k:T ...]   # e.g. 50:10:60 200:50:60; appends to real_fleet.json
+
+For each run: `pulumi up` of N device-plugin nodes with maxUnavailable k (ceil(N/k) batches) under
+`--parallel k + 8` (what preview asks for), and reported:
+- the wall time from the first replaceWorker request to the end of `up`, against the limit ceil(N/k)*T;
+- the most replaceWorker requests in flight together (each holds its node out for T);
+- the bytes the file backend wrote during the whole `up` (every state file it saved, counted when it lands, with
+  inotify: the diy backend writes each checkpoint whole through gocloud.dev's fileblob, a temporary file renamed into
+  place), the number of saves, and the final state's size and resources per node.
+"""
+import ctypes
+import ctypes.util
+import json
+import math
+import os
+import pathlib
+import platform
+import struct
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from gpu_migration_local.env import LocalCluster  # noqa: E402
+from iks_gpu_migration.components import rollout  # noqa: E402
+from tests.real.local_iks import TimedLog, local_iks  # noqa: E402
+from tests.real.project import Project, local_config  # noqa: E402
+
+IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE, IN_ISDIR = 0x8, 0x80, 0x100, 0x40000000
+
+
+class WrittenBytes:
+    """Sums the size of every file that lands under `root` (closed after writing or renamed into place), as the file
+    backend saves state, by inotify; temporary files count once renamed, not when closed."""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self.libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        self.fd = self.libc.inotify_init1(os.O_NONBLOCK)
+        self.dirs: dict[int, pathlib.Path] = {}
+        self.bytes = self.saves = 0
+        self.stopped = threading.Event()
+        for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+            self._watch(d)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _watch(self, d: pathlib.Path) -> None:
+        wd = self.libc.inotify_add_watch(self.fd, str(d).encode(), IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE)
+        self.dirs[wd] = d
+
+    def _read(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                time.sleep(0.005)
+                continue
+            i = 0
+            while i < len(data):
+                wd, mask, _, length = struct.unpack_from("iIII", data, i)
+                name = data[i + 16:i + 16 + length].rstrip(b"\0").decode()
+                i += 16 + length
+                path = self.dirs.get(wd, pathlib.Path("/nonexistent")) / name
+                if mask & IN_CREATE and mask & IN_ISDIR:
+                    self._watch(path)
+                elif mask & (IN_CLOSE_WRITE | IN_MOVED_TO) and not name.endswith(".tmp"):
+                    try:
+                        self.bytes += path.stat().st_size
+                        self.saves += 1
+                    except FileNotFoundError:
+                        pass
+
+    def stop(self) -> None:
+        time.sleep(0.2)
+        self.stopped.set()
+        self.thread.join()
+        os.close(self.fd)
+
+
+def run(n: int, k: int, t: float) -> dict:
+    names = {f"10.241.{i // 250}.{i % 250 + 1}": f"kube-local0001-gpu-{i + 1:08d}" for i in range(n)}
+    with tempfile.TemporaryDirectory() as tmp, LocalCluster() as cluster, local_iks(cluster, names) as iks:
+        iks.ip_of = lambda i: f"10.250.{i // 250}.{i % 250 + 2}"  # unique for any fleet
+        iks.requests, iks.provision_seconds = TimedLog(), t
+        project = Project(pathlib.Path(tmp))
+        nodes = [{"name": name, "workerId": w, "stage": "device-plugin"} for name, w in names.items()]
+        timeouts = {"masterUpdate": 120, "workerReplace": 4 * t + 120, "operatorReady": 300, "evict": 120,
+                    "capacityGate": 600, "pollInterval": 1.0}
+        project.write_stack(local_config(cluster, iks, nodes, maxUnavailable=k, timeouts=timeouts))
+        stack = project.stack()
+        written = WrittenBytes(pathlib.Path(tmp) / "backend")
+        started = time.monotonic()
+        result = stack.up(parallel=rollout.parallel_needed(k), on_output=lambda line: None)
+        ended = time.monotonic()
+        written.stop()
+        assert result.summary.result == "succeeded", result.summary
+        starts = iks.requests.at("POST", "/v2/vpc/replaceWorker")
+        assert len(starts) == n, (len(starts), n)
+        deployment = stack.export_stack().deployment
+        state = sum(p.stat().st_size for p in (pathlib.Path(tmp) / "backend").rglob("local.json"))
+    limit = math.ceil(n / k) * t
+    wall = ended - starts[0]
+    in_flight = max(sum(1 for s in starts if x - t < s <= x) for x in starts)
+    return {"nodes": n, "max_unavailable": k, "replace_seconds": t, "parallel": rollout.parallel_needed(k),
+            "up_wall_s": round(ended - started, 1), "from_first_replace_s": round(wall, 1), "limit_s": limit,
+            "over_limit_pct": round(100 * (wall - limit) / limit, 1), "most_in_flight": in_flight,
+            "backend_bytes_written": written.bytes, "backend_saves": written.saves,
+            "final_state_bytes": state, "resources": len(deployment["resources"]),
+            "state_bytes_per_node": round(state / n)}
+
+
+def main() -> int:
+    runs = [tuple(float(x) for x in a.split(":")) for a in sys.argv[1:]] or [(50, 10, 60.0)]
+    out = ROOT / "benchmarks" / "real_fleet.json"
+    results = json.loads(out.read_text()) if out.exists() else []
+    for n, k, t in runs:
+        row = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
+               **run(int(n), int(k), t)}
+        print(json.dumps(row), flush=True)
+        results.append(row)
+        out.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
