@@ -12,10 +12,7 @@ the whole in-memory snapshot after every step (pulumi/pulumi pkg/backend/diy/bac
 pkg/backend/snapshot.go `defaultServiceLoop`; v3.274.0), which is O(resources) per step. `--checkpoints` measures
 the CLI's default.
 """
-import json
 import pathlib
-import platform
-import os
 import sys
 import tempfile
 import time
@@ -23,6 +20,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from benchmarks.recording import record  # noqa: E402
 from gpu_migration_local.env import LocalCluster  # noqa: E402
 from tests.real.local_iks import local_iks  # noqa: E402
 from tests.real.project import Project, local_config  # noqa: E402
@@ -48,15 +46,8 @@ def preview_time(n: int, checkpoints: bool) -> dict:
 def main() -> int:
     checkpoints = "--checkpoints" in sys.argv[1:]
     sizes = [int(a) for a in sys.argv[1:] if a != "--checkpoints"] or [100, 1000]
-    out = ROOT / "benchmarks" / "preview_results.json"
-    results = json.loads(out.read_text()) if out.exists() else []
     for n in sizes:
-        row = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
-               **preview_time(n, checkpoints)}
-        print(json.dumps(row), flush=True)
-        results.append(row)
-        out.write_text(json.dumps(results, indent=1) + "\n")
+        record(ROOT / "benchmarks" / "preview_results.json", lambda: preview_time(n, checkpoints))
     return 0
 
 

@@ -14,11 +14,9 @@ For each run: `pulumi up` of N device-plugin nodes with maxUnavailable k (ceil(N
 """
 import ctypes
 import ctypes.util
-import json
 import math
 import os
 import pathlib
-import platform
 import struct
 import sys
 import tempfile
@@ -28,6 +26,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from benchmarks.recording import record  # noqa: E402
 from gpu_migration_local.env import LocalCluster  # noqa: E402
 from iks_gpu_migration.components import rollout  # noqa: E402
 from tests.real.local_iks import TimedLog, local_iks  # noqa: E402
@@ -45,6 +44,7 @@ class WrittenBytes:
         self.fd = self.libc.inotify_init1(os.O_NONBLOCK)
         self.dirs: dict[int, pathlib.Path] = {}
         self.bytes = self.saves = 0
+        self.by_name: dict[str, int] = {}
         self.stopped = threading.Event()
         for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
             self._watch(d)
@@ -74,6 +74,7 @@ class WrittenBytes:
                     try:
                         self.bytes += path.stat().st_size
                         self.saves += 1
+                        self.by_name[name] = self.by_name.get(name, 0) + 1
                     except FileNotFoundError:
                         pass
 
@@ -92,7 +93,7 @@ def run(n: int, k: int, t: float) -> dict:
         project = Project(pathlib.Path(tmp))
         nodes = [{"name": name, "workerId": w, "stage": "device-plugin"} for name, w in names.items()]
         timeouts = {"masterUpdate": 120, "workerReplace": 4 * t + 120, "operatorReady": 300, "evict": 120,
-                    "capacityGate": 600, "pollInterval": 1.0}
+                    "capacityGate": 600, "pollInterval": 0.5}
         project.write_stack(local_config(cluster, iks, nodes, maxUnavailable=k, timeouts=timeouts))
         stack = project.stack()
         written = WrittenBytes(pathlib.Path(tmp) / "backend")
@@ -112,21 +113,15 @@ def run(n: int, k: int, t: float) -> dict:
             "up_wall_s": round(ended - started, 1), "from_first_replace_s": round(wall, 1), "limit_s": limit,
             "over_limit_pct": round(100 * (wall - limit) / limit, 1), "most_in_flight": in_flight,
             "backend_bytes_written": written.bytes, "backend_saves": written.saves,
+            "files_written": dict(sorted(written.by_name.items(), key=lambda kv: -kv[1])[:4]),
             "final_state_bytes": state, "resources": len(deployment["resources"]),
             "state_bytes_per_node": round(state / n)}
 
 
 def main() -> int:
     runs = [tuple(float(x) for x in a.split(":")) for a in sys.argv[1:]] or [(50, 10, 60.0)]
-    out = ROOT / "benchmarks" / "real_fleet.json"
-    results = json.loads(out.read_text()) if out.exists() else []
     for n, k, t in runs:
-        row = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
-               **run(int(n), int(k), t)}
-        print(json.dumps(row), flush=True)
-        results.append(row)
-        out.write_text(json.dumps(results, indent=1) + "\n")
+        record(ROOT / "benchmarks" / "real_fleet.json", lambda: run(int(n), int(k), t))
     return 0
 
 

@@ -10,8 +10,8 @@ a timeline.
 
 Registrations block in the asyncio default executor, as they do in the Python language host, which sizes it
 `--parallel` x 4 (pulumi/pulumi sdk/python/cmd/pulumi-language-python-exec `_set_default_executor`). `host_workers`
-bounds concurrent provider operations the way the dynamic-provider host does (pulumi/dynamic/__main__.py
-`futures.ThreadPoolExecutor(max_workers=4)`); None means unbounded.
+bounds concurrent provider operations (the SDK's provider host has 4, pulumi/dynamic/__main__.py, which the program
+lifts: sdk_workarounds.widen_provider_host); None means unbounded, as the program runs.
 
 Each worker is alone in its pool unless `shared_pool`: then all are in one pool and zone, and the replacements of a
 batch tell their new workers apart by claiming them (NewWorkerClaims).
