@@ -56,6 +56,8 @@ def test_a_batch_of_eight_moves_its_eight_nodes_at_once(project):
         offsets = [round(s - starts[0], 1) for s in starts]
         assert overlap(starts, REPLACE_SECONDS) == len(NODES), offsets
         assert max(offsets) < REPLACE_SECONDS / 2, offsets  # one round, not two
-        # The batch's drains, replacements, switches, readiness and pending-pod checks: about one delay (two rounds of
-        # 4 would take at least two).
-        assert ended - starts[0] < 1.5 * REPLACE_SECONDS, round(ended - starts[0], 1)
+        # The batch's replacements, switches, readiness and pending-pod checks end within two delays of the first
+        # replaceWorker: two rounds of replacements would need more than two (the second round's workers deploy a full
+        # delay after the first round's).
+        print(f"replaceWorker offsets {offsets}; batch done {ended - starts[0]:.1f} s after the first")
+        assert ended - starts[0] < 2 * REPLACE_SECONDS, round(ended - starts[0], 1)
