@@ -92,7 +92,7 @@ def run(n: int, k: int, t: float) -> dict:
         iks.requests, iks.provision_seconds = TimedLog(), t
         project = Project(pathlib.Path(tmp))
         nodes = [{"name": name, "workerId": w, "stage": "device-plugin"} for name, w in names.items()]
-        timeouts = {"masterUpdate": 120, "workerReplace": 4 * t + 120, "operatorReady": 300, "evict": 120,
+        timeouts = {"masterUpdate": 120, "workerReplace": 4 * t + 600, "operatorReady": 1800, "evict": 120,
                     "capacityGate": 600, "pollInterval": 0.5}
         project.write_stack(local_config(cluster, iks, nodes, maxUnavailable=k, timeouts=timeouts))
         stack = project.stack()
