@@ -73,6 +73,9 @@ def _dropped(msg: str, resource: Any = None, stream_id: Optional[int] = None, ep
     """`pulumi.log.debug`'s signature; sends nothing."""
 
 
+_sdk_stack_trace: Optional[Callable[[], Any]] = None
+
+
 def one_frame_stack_traces() -> None:
     """Register resources with only their source position as stack trace (1. above), unless GPU_MIGRATION_SDK_DEBUG=1.
     `sourcePosition` in the state is the same as before; `stackTrace` keeps that one frame."""
@@ -91,9 +94,6 @@ def restore_stack_traces() -> None:
         import pulumi.runtime.resource as sdk_resource  # noqa: PLC0415
 
         sdk_resource._get_stack_trace, _sdk_stack_trace = _sdk_stack_trace, None
-
-
-_sdk_stack_trace: Optional[Callable[[], Any]] = None
 
 
 def _one_frame_stack_trace() -> Any:

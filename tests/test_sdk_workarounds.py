@@ -10,6 +10,7 @@ import importlib.metadata
 import inspect
 import json
 import pathlib
+import sys
 
 import pulumi.log
 import pulumi.runtime.config
@@ -217,7 +218,7 @@ def serve_in_a_fake_host(monkeypatch, host: bool):
     main = types.ModuleType("__main__")
     main.__spec__ = importlib.util.spec_from_loader(
         sdk_workarounds.PROVIDER_HOST_MODULE if host else "pytest.__main__", loader=None)
-    monkeypatch.setitem(__import__("sys").modules, "__main__", main)
+    monkeypatch.setitem(sys.modules, "__main__", main)
     return pool, server, sdk_workarounds.widen_provider_host()
 
 

@@ -44,3 +44,9 @@ class TimedLog(list):
 
     def at(self, method: str, path: str) -> list[float]:
         return [t for t, r in zip(self.times, self) if r == (method, path)]
+
+
+def overlap(starts: list[float], hold: float) -> int:
+    """Most replacements in flight at once: each holds its provider operation for at least `hold` seconds after its
+    replaceWorker call (until its new worker deploys), so calls less than `hold` apart ran together."""
+    return max(sum(1 for s in starts if t - hold < s <= t) for t in starts)

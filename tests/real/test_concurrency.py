@@ -16,17 +16,11 @@ from gpu_migration_local.env import LocalCluster
 from iks_gpu_migration.components import rollout
 
 from .kube import eventually
-from .local_iks import TimedLog, local_iks
+from .local_iks import TimedLog, local_iks, overlap
 from .project import local_config
 
 REPLACE_SECONDS = 30.0  # every new worker deploys this long after replaceWorker (IksEmulator.provision_seconds)
 NODES = {f"10.240.0.{11 + i}": f"kube-local0001-gpu-{101 + i:08d}" for i in range(8)}
-
-
-def overlap(starts: list[float], hold: float) -> int:
-    """Most replacements in flight at once: each holds its provider operation for at least `hold` seconds after its
-    replaceWorker call (until its new worker deploys), so calls less than `hold` apart ran together."""
-    return max(sum(1 for s in starts if t - hold < s <= t) for t in starts)
 
 
 def test_a_batch_of_eight_moves_its_eight_nodes_at_once(project):
