@@ -49,6 +49,21 @@ CONTROLLERS = [
 ]
 
 
+@dataclass(frozen=True)
+class NodeHealth:
+    """How nodes prove they are alive, and how soon the node-lifecycle controller gives up on them.
+
+    Defaults are a real cluster's: the kubelet holds a Lease in kube-node-lease of 40 s and renews it every quarter
+    of that (kubelet config `nodeLeaseDurationSeconds`, pkg/kubelet/apis/config/v1beta1/defaults.go; kwok renews the
+    same way, pkg/kwok/controllers/controller.go `initNodeLeaseController`), and the node-lifecycle controller marks
+    a node Unknown — and its pods not ready — 50 s after the last renewal (`--node-monitor-grace-period`,
+    pkg/controller/nodelifecycle/config/v1alpha1/defaults.go), checking every 5 s (`--node-monitor-period`).
+    A test may run the same clock faster."""
+    lease_seconds: int = 40
+    grace: str = "50s"
+    monitor_period: str = "5s"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -97,6 +112,7 @@ class ControlPlane:
     kubelet_port: int = 0  # where nodes' kubelet endpoint points (the kubelet log double); 0: none
     # What runs beside etcd and kube-apiserver; () is an envtest-style API server alone (tests/envtest.py).
     components: tuple[str, ...] = ("kube-scheduler", "kube-controller-manager", "kwok")
+    node_health: NodeHealth = NodeHealth()
     processes: list[Process] = field(default_factory=list)
     apiserver_port: int = 0
     # A fresh admin token for every control plane: a token fixed in the source would open any run's API server.
@@ -176,6 +192,8 @@ class ControlPlane:
             self._bin("kube-controller-manager"), *common, "--secure-port", str(kcm_port),
             "--controllers", ",".join(CONTROLLERS), "--use-service-account-credentials=false",
             "--concurrent-gc-syncs", "5",
+            "--node-monitor-grace-period", self.node_health.grace,
+            "--node-monitor-period", self.node_health.monitor_period,
         ])
         kwok = self._proc("kwok", [
             self._bin("kwok"), "--kubeconfig", str(self.kubeconfig), "--config", str(self._kwok_stages()),
@@ -185,6 +203,10 @@ class ControlPlane:
             # pods/log there, as it does to a real kubelet); its port is written into the node stage.
             "--node-ip", "127.0.0.1",
             "--cidr", "10.1.0.1/16",
+            # Node Leases, renewed as a kubelet renews them: without them the node-lifecycle controller marks every
+            # node Unknown one grace period after it registers, and its pods not ready (then the GPU doubles
+            # withdraw the GPUs of a not-ready device-plugin or kubelet-plugin pod, as the kubelet would).
+            "--node-lease-duration-seconds", str(self.node_health.lease_seconds),
         ])
         for p in (scheduler, kcm, kwok):
             if p.name in self.components:

@@ -9,7 +9,7 @@ from typing import Optional
 from kubernetes import client, config as kconfig
 
 from . import tools
-from .control_plane import ControlPlane, remove_workdir, self_signed_cert, temp_workdir
+from .control_plane import ControlPlane, NodeHealth, remove_workdir, self_signed_cert, temp_workdir
 from .gpu_doubles import GpuDoubles
 from .kubelet_logs import KubeletLogServer, LogStore
 
@@ -26,6 +26,7 @@ class LocalCluster:
     log_server: Optional[KubeletLogServer] = None
     doubles: Optional[GpuDoubles] = None
     api_client: Optional[client.ApiClient] = None
+    node_health: NodeHealth = NodeHealth()
 
     @property
     def kubeconfig(self) -> pathlib.Path:
@@ -36,7 +37,8 @@ class LocalCluster:
         try:
             cert, key = self_signed_cert(self.workdir, "kubelet")
             self.log_server = KubeletLogServer(self.logs, cert, key).start()
-            self.control_plane = ControlPlane(self.workdir, tools.bin_dir(), kubelet_port=self.log_server.port)
+            self.control_plane = ControlPlane(self.workdir, tools.bin_dir(), kubelet_port=self.log_server.port,
+                                              node_health=self.node_health)
             self.control_plane.start()
             self.api_client = kconfig.new_client_from_config(str(self.kubeconfig))
             self.doubles = GpuDoubles(self.api_client, self.logs, wipe_delay=self.wipe_delay).start()

@@ -10,6 +10,7 @@ from typing import Callable, Optional
 from kubernetes import client
 from pulumi.automation import CommandError
 
+from gpu_migration_local.control_plane import NodeHealth
 from gpu_migration_local.env import LocalCluster
 
 from .kube import eventually
@@ -67,9 +68,9 @@ class Env:
         return json.loads(self.node(name).metadata.annotations[VERIFICATION])
 
 
-def three_workers(project):
+def three_workers(project, node_health: NodeHealth = NodeHealth()):
     """A fresh cluster with the three IKS GPU workers registered as nodes, the IKS emulator and the project."""
-    with LocalCluster() as cluster, local_iks(cluster, WORKERS) as iks:
+    with LocalCluster(node_health=node_health) as cluster, local_iks(cluster, WORKERS) as iks:
         core = client.CoreV1Api(cluster.api_client)
         eventually(lambda: len(core.list_node().items) == 3, "three IKS GPU nodes registered")
         yield Env(cluster, iks, project, core)
