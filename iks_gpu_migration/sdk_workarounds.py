@@ -11,7 +11,7 @@ Checked against: pulumi (Python SDK) 3.272.0, under the Pulumi CLI/engine v3.274
 2. Dependency edges that cost O(n) each: the SDK checks every new dependency for cycles by walking all transitive
    dependencies recursively (pulumi/runtime/resource_cycle_breaker.py `_reachable`, called from runtime/rpc.py
    `_add_dependency` for depends_on and for every resource an input Output carries). What every node waits for (the
-   GPU Operator, the previous batch) therefore goes as an edge-free Output (`edge_free`, `detached`, `once_done`):
+   GPU Operator, the previous batch) therefore goes as an edge-free Output (`edge_free`, `once_done`):
    built with the SDK's private `Output.__init__(resources, future, is_known, is_secret)`.
    - every registration captures the whole Python stack, reading each frame's source line (`traceback.extract_stack`
      in pulumi/runtime/resource.py `_get_stack_trace`), and the state keeps it: about 20 frames, 2.5 KB of each
@@ -129,13 +129,6 @@ def edge_free(value: Awaitable[Any]) -> pulumi.Output:
     """An Output whose value is `value`'s result and which carries no resources (2. above): `Output.__init__`
     (resources, future, is_known, is_secret) is the SDK's own constructor, not public API."""
     return pulumi.Output(set(), asyncio.ensure_future(value), is_known=_resolved(True), is_secret=_resolved(False))
-
-
-def detached(output: pulumi.Output) -> pulumi.Output:
-    """`output`'s value without the resources it carries: for an input every node gets (e.g. the fenced node names,
-    which carry every fence), so the graph keeps a constant number of edges per node. Only for values whose
-    resources every receiver already follows through another dependency."""
-    return edge_free(output.future(with_unknowns=True))
 
 
 def once_done(value: Any, resources: Sequence[pulumi.Resource]) -> pulumi.Output:

@@ -756,32 +756,36 @@ def test_inventory_provider_fails_before_anything_is_installed(kube, kubeconfig)
 
 def test_operand_placement_names_node_and_pods(kube, kubeconfig):
     gpu_operator, ibm1, new1 = kube.ns("gpu-operator"), kube.name("ibm1"), kube.name("new1")
+    kube.add_node(ibm1, kubelet_version="v1.35.4+IKS")  # IBM's drivers
+    kube.add_node(new1, kubelet_version="v1.37.0+IKS")
     kube.add_pod(gpu_operator, "nvidia-driver-daemonset-x1", node=ibm1)
     kube.add_pod(gpu_operator, "nvidia-dcgm-exporter-x2", node=ibm1)
     kube.add_pod(gpu_operator, "gpu-feature-discovery-x3", node=ibm1)  # not one the runbook checks
     kube.add_pod(gpu_operator, "nvidia-driver-daemonset-x4", node=new1)
     with pytest.raises(CheckFailed) as e:
-        create(_OperandPlacementProvider(), kubeconfig, namespace=gpu_operator, fenced=[ibm1])
-    assert (f"node {ibm1}: runs IBM-managed drivers but has GPU Operator pods {gpu_operator}/nvidia-dcgm-exporter-x2, "
-            f"{gpu_operator}/nvidia-driver-daemonset-x1") in str(e.value)
+        create(_OperandPlacementProvider(), kubeconfig, namespace=gpu_operator, operator_min_version="1.36")
+    assert (f"node {ibm1}: runs IBM-managed drivers (kubelet v1.35.4+IKS, below 1.36) but has GPU Operator pods "
+            f"{gpu_operator}/nvidia-dcgm-exporter-x2, {gpu_operator}/nvidia-driver-daemonset-x1") in str(e.value)
     assert new1 not in str(e.value) and "gpu-feature-discovery" not in str(e.value)
-    ibm2 = kube.name("ibm2")
-    assert create(_OperandPlacementProvider(), kubeconfig, namespace=gpu_operator,
-                  fenced=[ibm2])["checked"] == [ibm2]
+    clean = kube.ns("gpu-operator-clean")
+    kube.add_pod(clean, "nvidia-driver-daemonset-x5", node=new1)
+    out = create(_OperandPlacementProvider(), kubeconfig, namespace=clean, operator_min_version="1.36")
+    assert out["checked"] == "no operand on a node below 1.36"
 
 
-def test_operand_placement_ignores_a_new_worker_that_got_a_fenced_name_again(kube, kubeconfig):
-    """A replaced node's fence stays in state under its old name; VPC hands the freed IP (the node name) to a later
-    worker, which runs the GPU Operator by design."""
-    gpu_operator, n11, n13 = kube.ns("gpu-operator"), kube.name("10.0.0.11"), kube.name("10.0.0.13")
+def test_operand_placement_judges_each_node_by_its_kubelet_not_its_name(kube, kubeconfig):
+    """A replaced node's name can come back (VPC hands the freed IP, the node name, to a later worker, which runs
+    the GPU Operator by design); a pod bound to a node that is gone runs nowhere. The state holds no node names."""
+    gpu_operator, n11, n13, gone = (kube.ns("gpu-operator"), kube.name("10.0.0.11"), kube.name("10.0.0.13"),
+                                    kube.name("10.0.0.14"))
     kube.add_node(n11, kubelet_version="v1.37.0+IKS")  # a new worker that got the old IP
     kube.add_node(n13, kubelet_version="v1.35.4+IKS")  # still on IBM's drivers
-    for node in (n11, n13):
+    for node in (n11, n13, gone):
         kube.add_pod(gpu_operator, f"nvidia-driver-daemonset-{node}", node=node)
     with pytest.raises(CheckFailed) as e:
-        create(_OperandPlacementProvider(), kubeconfig, namespace=gpu_operator,
-               fenced=[n11, n13], operator_min_version="1.36")
-    assert f"node {n13}: runs IBM-managed drivers" in str(e.value) and f"node {n11}" not in str(e.value)
+        create(_OperandPlacementProvider(), kubeconfig, namespace=gpu_operator, operator_min_version="1.36")
+    assert f"node {n13}: runs IBM-managed drivers" in str(e.value)
+    assert f"node {n11}" not in str(e.value) and gone not in str(e.value)
 
 
 def test_pending_gpu_pods_reported_or_gated(kube, kubeconfig):
@@ -943,7 +947,7 @@ def test_resources_declare_and_providers_serialize():
                                    drain_timeout=60, switch_timeout=60, poll_interval=1),
         GpuNodeInventory("inventory", kubeconfig=None, configured={"n1": "dra"}, worker_ids={},
                                         operator_min_version="1.36"),
-        OperandPlacement("placement", kubeconfig=None, namespace="gpu-operator", fenced=["n2"]),
+        OperandPlacement("placement", kubeconfig=None, namespace="gpu-operator", operator_min_version="1.36"),
         PendingGpuPods("pending", kubeconfig=None, node="n1", resources=[ER], gate=False),
     ]
     expected = {"pre": "_DraPreflightProvider", "smoke": "_SmokeTestVerificationProvider",

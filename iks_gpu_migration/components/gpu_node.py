@@ -63,12 +63,6 @@ class GpuNode(pulumi.ComponentResource):
         if ibm_managed:
             self.labels = self._labels([self.fence])
 
-    def fenced_name(self) -> pulumi.Output[Optional[str]]:
-        """The node's configured name while it keeps IBM's drivers (ibm-managed, or fenced until replaced)."""
-        if self.node.stage == "ibm-managed":
-            return pulumi.Output.from_input(self.node.name)
-        return self.fence.fenced.apply(lambda fenced: self.node.name if fenced else None)
-
     def _labels(self, deps: list[pulumi.Resource]) -> k8s.core.v1.NodePatch:
         return node_labels.node_patch(
             f"{self.node.ident}-labels",
@@ -78,7 +72,7 @@ class GpuNode(pulumi.ComponentResource):
         )
 
     def migrate(self, after: list[pulumi.Resource], operator_namespace: pulumi.Input[str],
-                fenced: Optional[pulumi.Input[list[str]]] = None, evict: Optional[dict[str, Any]] = None) -> None:
+                evict: Optional[dict[str, Any]] = None) -> None:
         """Replace the worker (after `after`), switch it to its stage's path, verify a rollback, check readiness."""
         self.before_hook = hooks.node_hook(
             "before-replace", self.cfg.hooks.before_replace, self.node, self.node.name, self.node.worker_id,
@@ -86,7 +80,7 @@ class GpuNode(pulumi.ComponentResource):
         )
         self._replace(after, evict)
         self._switch()
-        self._verify(operator_namespace, fenced)
+        self._verify(operator_namespace)
         self.done_by = [self.pending]
 
     def _batch_entries(self, evict: Optional[dict[str, Any]]) -> dict[str, str]:
@@ -154,7 +148,7 @@ class GpuNode(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.switch]),
         )
 
-    def _verify(self, operator_namespace: pulumi.Input[str], fenced: Optional[pulumi.Input[list[str]]]) -> None:
+    def _verify(self, operator_namespace: pulumi.Input[str]) -> None:
         """Operand pods up and GPUs allocatable on the replaced node; operands start asynchronously after the install,
         so their placement is checked again once this node is ready; then the GPU pods still Pending (the runbook
         expects Pending GPU workloads to run once the node's driver is in). The next batch waits for this."""
@@ -175,21 +169,18 @@ class GpuNode(pulumi.ComponentResource):
                 parent=self, depends_on=[self.switch, *filter(None, [self.replacement, self.rollback])]
             ),
         )
-        checked: list[pulumi.Resource] = [self.readiness]
-        if fenced is not None:
-            self.placement = OperandPlacement(
-                f"{node.ident}-operand-placement", kubeconfig=cfg.kubeconfig, namespace=cfg.gpu_operator.namespace,
-                fenced=fenced, operator_min_version=OPERATOR_MIN_VERSION,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.readiness]),
-            )
-            checked = [self.placement]
+        self.placement = OperandPlacement(
+            f"{node.ident}-operand-placement", kubeconfig=cfg.kubeconfig, namespace=cfg.gpu_operator.namespace,
+            operator_min_version=OPERATOR_MIN_VERSION,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.readiness]),
+        )
         self.pending = PendingGpuPods(
             f"{node.ident}-pending-gpu-pods",
             kubeconfig=cfg.kubeconfig,
             node=self.hostname,
             resources=sorted({cfg.device_plugin_resource, cfg.extended_resource_name}),
             gate=cfg.pending_gpu_pods_gate,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=checked),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.placement]),
         )
 
     def declare_smoke_test(self, cfg: MigrationConfig, ctx: Context, deps: list[pulumi.Resource]) -> None:

@@ -12,7 +12,7 @@ from .gpu_node import Context, GpuNode
 
 
 class GpuOperator(pulumi.ComponentResource):
-    """`release` after every fence; `placement` checks the operand pods against the fenced nodes (`fenced_names`)."""
+    """`release` after every fence; `placement` checks that no operand pod runs on a node that keeps IBM's drivers."""
 
     def __init__(self, cfg: MigrationConfig, ctx: Context, gpu_nodes: Sequence[GpuNode],
                  inventory: pulumi.Resource):
@@ -20,11 +20,9 @@ class GpuOperator(pulumi.ComponentResource):
         fences = [r for n in gpu_nodes for r in (n.fence, n.labels) if r is not None]
         self.release = charts.gpu_operator_release(cfg.gpu_operator, opts=pulumi.ResourceOptions(
             parent=self, provider=ctx.chart_provider, depends_on=[*fences, inventory], aliases=WAS_AT_ROOT))
-        self.fenced_names: pulumi.Output[list[str]] = pulumi.Output.all(
-            *[n.fenced_name() for n in gpu_nodes]).apply(lambda names: sorted(filter(None, names)))
         self.placement = OperandPlacement(
             "operand-placement", kubeconfig=cfg.kubeconfig, namespace=cfg.gpu_operator.namespace,
-            fenced=self.fenced_names, operator_min_version=OPERATOR_MIN_VERSION,
+            operator_min_version=OPERATOR_MIN_VERSION,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.release], aliases=WAS_AT_ROOT),
         )
         self.register_outputs({})

@@ -21,7 +21,7 @@ from ..iks.master import MasterVersion
 from ..iks.pool import TempGpuPool
 from ..kube.inventory import GpuNodeInventory
 from ..plan import Plan, plan_for
-from ..sdk_workarounds import detached, once_done
+from ..sdk_workarounds import once_done
 from . import dra_path, rollout
 from .gpu_node import Context, GpuNode
 from .gpu_operator import GpuOperator
@@ -102,14 +102,14 @@ def declare(cfg: MigrationConfig) -> Declared:
     out.plan = plan_for(cfg)
     rollout.show(out.plan)
     # What every node waits for goes without dependency edges (sdk_workarounds.py, 2.): the operator depends on every
-    # fence, and the fenced names carry every fence, which each node's placement check already follows.
+    # fence.
     evict, budgets = eviction_settings(cfg, out.temp_pool), drain_budgets(cfg, out.plan)
-    operator_namespace, fenced = once_done(cfg.gpu_operator.namespace, ready_after), detached(operator.fenced_names)
+    operator_namespace = once_done(cfg.gpu_operator.namespace, ready_after)
     first_after = once_done([], [operator.release]) if out.temp_pool is not None else None  # the pool's GPUs first
     out.nodes = {n.node.ident: n for n in gpu_nodes}
     out.gates = rollout.Rollout(
         out.plan, {n.node.name: n for n in gpu_nodes}, cfg, after,
-        lambda gpu_node, deps: gpu_node.migrate(deps, operator_namespace, fenced,
+        lambda gpu_node, deps: gpu_node.migrate(deps, operator_namespace,
                                                 {**evict, "budget": budgets[gpu_node.node.name]}), first_after,
         dra.verify_batch if dra is not None else None).gates
     for gpu_node in gpu_nodes:

@@ -21,6 +21,9 @@ from .workers import describe_worker, is_deleted, is_deleting, is_deployed, is_f
 _RECORDED = ("old_worker_id", "new_worker_id", "node_name", "actual_version")
 
 
+INPUT_ONLY = ("entries", "evict")
+
+
 class WorkerReplacementProvider(_IksProvider):
     """Outputs record the worker this resource ended with (`new_worker_id`) and its node (`node_name`): a later
     kubeVersion bump starts from them, so the config never has to be edited after a replacement."""
@@ -108,7 +111,9 @@ class WorkerReplacementProvider(_IksProvider):
             pulumi.log.warn(f"worker {new['id']} runs {actual}: IKS's newest worker fix pack, not the pinned "
                             f"kubeVersion {target}; it is not replaced again")
         return {
-            **_public(props),
+            # The batch's entries and the drain settings (O(batch) each) are inputs only: nothing reads them back
+            # from the outputs, and each node's copy is rewritten with every state save.
+            **{k: v for k, v in _public(props).items() if k not in INPUT_ONLY},
             "old_worker_id": start,
             "new_worker_id": new["id"],
             "node_name": primary_ip(new) or props.get("node_name"),

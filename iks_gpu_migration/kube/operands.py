@@ -1,6 +1,6 @@
 """The runbook's operator checks: no GPU Operator operand on a node that keeps IBM's drivers (OperandPlacement), and the
 GPU pods still Pending after a node (PendingGpuPods)."""
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional
 
 import pulumi
 from kubernetes import client
@@ -24,52 +24,51 @@ def pending_gpu_pods(api: ApiClient, resources: Iterable[str]) -> list[str]:
     return sorted(found)
 
 
-def operand_placement_problems(api: ApiClient, namespace: str, fenced: Iterable[str],
-                               operator_min_version: Optional[str] = None) -> list[str]:
-    """Driver, device plugin, container toolkit or DCGM exporter pods on a node that must keep IBM's drivers: what
-    the runbook checks by hand after installing the operator.
+def operand_placement_problems(api: ApiClient, namespace: str, operator_min_version: str) -> list[str]:
+    """Driver, device plugin, container toolkit or DCGM exporter pods on a node that keeps IBM's drivers: what the
+    runbook checks by hand after installing the operator.
 
-    `fenced` names the nodes as they were fenced; a replaced worker's fence stays in state under the old name, and a
-    new worker can get that name again (VPC subnets hand out freed IPs, and IKS names nodes by IP). A node of that
-    name whose kubelet is at `operator_min_version` or later is such a new worker: no IBM drivers, nothing to check."""
-    fenced = set(fenced)
+    Those are the nodes whose kubelet is below `operator_min_version`: IKS installs its NVIDIA drivers on GPU workers
+    below 1.36 and on none at or above it (iks_gpu_migration/config: OPERATOR_MIN_VERSION). Read from the cluster,
+    not from the fence list: the check needs no per-node copy of the fleet's names in the state, a new worker that
+    got a fenced node's name again (VPC subnets hand out freed IPs, and IKS names nodes by IP) is not mistaken for
+    it, and a node whose fence label was removed is still caught. A pod bound to a node that is gone runs nowhere."""
     per_node: dict[str, list[str]] = {}
     for p in client.CoreV1Api(api).list_namespaced_pod(namespace).items:
-        node = p.spec.node_name
-        if node in fenced and any(_operand(p, o) for o in FENCED_OPERANDS):
-            per_node.setdefault(node, []).append(f"{namespace}/{p.metadata.name}")
-    if operator_min_version and per_node:
-        kubelets = {n.metadata.name: (n.status.node_info.kubelet_version if n.status and n.status.node_info else None)
-                    for n in client.CoreV1Api(api).list_node().items}
-        per_node = {n: pods for n, pods in per_node.items()
-                    if not version_at_least(kubelets.get(n), operator_min_version)}
-    return [f"node {n}: runs IBM-managed drivers but has GPU Operator pods {', '.join(sorted(pods))}; the "
-            "operator must not run there (check its nvidia.com/gpu.deploy.operands=false label)"
-            for n, pods in sorted(per_node.items())]
+        if p.spec.node_name and any(_operand(p, o) for o in FENCED_OPERANDS):
+            per_node.setdefault(p.spec.node_name, []).append(f"{namespace}/{p.metadata.name}")
+    if not per_node:
+        return []
+    kubelets = {n.metadata.name: (n.status.node_info.kubelet_version if n.status and n.status.node_info else None)
+                for n in client.CoreV1Api(api).list_node().items}
+    return [f"node {n}: runs IBM-managed drivers (kubelet {kubelets[n] or 'unknown'}, below "
+            f"{operator_min_version}) but has GPU Operator pods {', '.join(sorted(pods))}; the operator must not "
+            "run there (check its nvidia.com/gpu.deploy.operands=false label)"
+            for n, pods in sorted(per_node.items())
+            if n in kubelets and not version_at_least(kubelets[n], operator_min_version)]
 
 
 class _OperandPlacementProvider(_EveryUp):
-    rerun_on = ("namespace", "fenced")
+    rerun_on = ("namespace",)
 
     def run(self, api, p):
-        problems = operand_placement_problems(api, p["namespace"], p["fenced"],
-                                                          p.get("operator_min_version"))
+        problems = operand_placement_problems(api, p["namespace"], p.get("operator_min_version") or "1.36")
         if problems:
             raise CheckFailed(f"GPU Operator pods run on nodes with IBM-managed drivers:{_bullets(problems)}\n"
                               "stop: uninstall or fix the fence labels before going on")
-        return {"checked": sorted(p["fenced"])}
+        return {"checked": "no operand on a node below " + (p.get("operator_min_version") or "1.36")}
 
 
 class OperandPlacement(Resource, module="gpu-migration", name="OperandPlacement"):
-    """No driver, device plugin, container toolkit or DCGM exporter pod on a fenced or ibm-managed node."""
+    """No driver, device plugin, container toolkit or DCGM exporter pod on a node that keeps IBM's drivers. Its
+    state is the same size whatever the fleet's (no node names)."""
 
-    checked: pulumi.Output[list[str]]
+    checked: pulumi.Output[str]
 
     def __init__(self, name: str, kubeconfig: pulumi.Input[Optional[str]], namespace: str,
-                 fenced: pulumi.Input[Sequence[pulumi.Input[str]]], operator_min_version: Optional[str] = None,
-                 opts: Optional[pulumi.ResourceOptions] = None):
-        props = dict(kubeconfig=kubeconfig, namespace=namespace, fenced=fenced,
-                     operator_min_version=operator_min_version, checked=None)
+                 operator_min_version: str, opts: Optional[pulumi.ResourceOptions] = None):
+        props = dict(kubeconfig=kubeconfig, namespace=namespace, operator_min_version=operator_min_version,
+                     checked=None)
         super().__init__(_OperandPlacementProvider(), name, props, opts)
 
 
