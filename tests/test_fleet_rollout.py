@@ -88,7 +88,9 @@ def test_a_gate_waits_for_capacity_to_come_back(tmp_path, kube, monkeypatch):
 
 def test_batch_mates_in_one_pool_and_zone_each_follow_their_own_new_worker(tmp_path, kube):
     # IKS links no new worker to the one it replaces: both replacements of a batch see both new workers appear.
-    run = fleet_up(4, "2", replace_seconds=0.2, tmp_dir=tmp_path, kube=kube, shared_pool=True)
+    # Each new worker takes 1.5 s: a batch-mate's drain and request, which start together, must land within that
+    # even on a loaded machine (with 0.2 s one mate's new worker once joined before the other's old one left).
+    run = fleet_up(4, "2", replace_seconds=1.5, tmp_dir=tmp_path, kube=kube, shared_pool=True)
     assert run.error is None, run.error
     batches = batches_of(run)
     assert [len(b) for b in batches] == [2, 2]

@@ -19,7 +19,7 @@ from iks_gpu_migration.kube.cluster import KUBELET_PLUGIN_CONTAINER
 from iks_gpu_migration.kube.cordon import CORDON_ANNOTATION
 from iks_gpu_migration.kube.fence import _NodeFenceProvider
 from iks_gpu_migration.kube.inventory import GpuNodeInventory, _GpuNodeInventoryProvider
-from iks_gpu_migration.kube.operands import OperandPlacement, PendingGpuPods, _OperandPlacementProvider, _PendingGpuPodsProvider
+from iks_gpu_migration.kube.operands import OperandPlacement, _OperandPlacementProvider
 from iks_gpu_migration.kube.preflight import DraPreflight, PROBE_CLASS, _DraPreflightProvider
 from iks_gpu_migration.kube.readiness import OperatorReadiness, _OperatorReadinessProvider, operator_ready
 from iks_gpu_migration.kube.records import CONFIG_NAME_ANNOTATION
@@ -788,17 +788,44 @@ def test_operand_placement_judges_each_node_by_its_kubelet_not_its_name(kube, ku
     assert f"node {n11}" not in str(e.value) and gone not in str(e.value)
 
 
-def test_pending_gpu_pods_reported_or_gated(kube, kubeconfig):
-    ml = kube.ns("ml")
+def test_readiness_then_pending_gpu_pods_reported_or_gated(operator, kube, kubeconfig, n2):
+    """Once the node is ready, its readiness check lists the GPU pods still Pending (a warning), or stops `up` with
+    pendingGpuPodsGate."""
+    ml, gpu_operator = kube.ns("ml"), operator.ns("gpu-operator")
     kube.add_pod(ml, "train", phase="Pending", requests={"nvidia.com/gpu": "1"}, conditions=[
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
          "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}])
     kube.add_pod(kube.ns("web"), "frontend", phase="Pending")  # no GPU: not reported
-    props = dict(node="n1", resources=["nvidia.com/gpu"])
-    outs = create(_PendingGpuPodsProvider(), kubeconfig, gate=False, **props)
-    assert outs["pending"] == [f"{ml}/train (Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.)"]
-    with pytest.raises(CheckFailed, match="after node n1, GPU pods are still Pending"):
-        create(_PendingGpuPodsProvider(), kubeconfig, gate=True, **props)
+    props = dict(node=n2, stage="device-plugin", namespace=gpu_operator, resources=["nvidia.com/gpu"], **FAST)
+    outs = create(_OperatorReadinessProvider(), kubeconfig, gate=False, **props)
+    assert outs["ready"] and outs["pending"] == [
+        f"{ml}/train (Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu.)"]
+    with pytest.raises(CheckFailed, match=f"after node {n2}, GPU pods are still Pending"):
+        create(_OperatorReadinessProvider(), kubeconfig, gate=True, **props)
+
+
+def test_readiness_then_operand_placement(operator, kube, kubeconfig, n2):
+    """Once the node is ready, its readiness check looks at every operand pod again: one on a node below the
+    operator's minimum (IBM's drivers) stops `up`, naming node and pod."""
+    gpu_operator, ibm = operator.ns("gpu-operator"), kube.name("ibm")
+    kube.add_node(ibm, kubelet_version="v1.35.4+IKS")
+    props = dict(node=n2, stage="device-plugin", namespace=gpu_operator, operator_min_version="1.36", **FAST)
+    assert create(_OperatorReadinessProvider(), kubeconfig, **props)["ready"]
+    kube.add_pod(gpu_operator, "nvidia-device-plugin-daemonset-x9", node=ibm)
+    with pytest.raises(CheckFailed) as e:
+        create(_OperatorReadinessProvider(), kubeconfig, **props)
+    assert f"node {ibm}: runs IBM-managed drivers (kubelet v1.35.4+IKS, below 1.36) but has GPU Operator pods " \
+           f"{gpu_operator}/nvidia-device-plugin-daemonset-x9" in str(e.value)
+
+
+def test_readiness_recorded_before_it_absorbed_the_placement_and_pending_checks_is_not_run_again():
+    provider = _OperatorReadinessProvider()
+    base = {"node": "n1", "stage": "device-plugin", "namespace": "gpu-operator", "timeout": 600, "ready": True}
+    news = {**base, "operator_min_version": "1.36", "resources": ["nvidia.com/gpu"], "gate": False}
+    assert not provider.diff("id", base, news).changes  # no `~` for every migrated node after an upgrade
+    gated = provider.diff("id", {**base, "operator_min_version": "1.36", "resources": ["nvidia.com/gpu"],
+                                 "gate": False}, {**news, "gate": True})
+    assert gated.replaces == ["gate"]  # later, a changed gate runs the check again
 
 
 class CheckPods:
@@ -948,13 +975,11 @@ def test_resources_declare_and_providers_serialize():
         GpuNodeInventory("inventory", kubeconfig=None, configured={"n1": "dra"}, worker_ids={},
                                         operator_min_version="1.36"),
         OperandPlacement("placement", kubeconfig=None, namespace="gpu-operator", operator_min_version="1.36"),
-        PendingGpuPods("pending", kubeconfig=None, node="n1", resources=[ER], gate=False),
     ]
     expected = {"pre": "_DraPreflightProvider", "smoke": "_SmokeTestVerificationProvider",
                 "ready": "_OperatorReadinessProvider", "drain": "_NodeDrainProvider",
                 "rollback": "_RollbackVerificationProvider", "switch": "_NodePathSwitchProvider",
-                "inventory": "_GpuNodeInventoryProvider", "placement": "_OperandPlacementProvider",
-                "pending": "_PendingGpuPodsProvider"}
+                "inventory": "_GpuNodeInventoryProvider", "placement": "_OperandPlacementProvider"}
 
     def check(values):
         rolling_back, gpu_uuid = values[:2]

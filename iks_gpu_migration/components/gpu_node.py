@@ -1,7 +1,7 @@
 """GpuNode: one GPU node's resources for its configured stage, its children shown under it in `pulumi preview`.
 
 Per node: fence -> [beforeReplace hook] -> worker replacement (drain, then replaceWorker) -> path switch -> [rollback
-check] -> operator readiness -> operand placement -> pending GPU pods; on `dra` also the smoke pod and its
+check] -> operator readiness (then operand placement and pending GPU pods, in the same resource); on `dra` also the smoke pod and its
 verification (declared by the DRA path once the batch's preflight exists); [afterVerification hook] last.
 """
 from dataclasses import dataclass
@@ -14,7 +14,6 @@ from ..config import OPERATOR_MIN_VERSION, MigrationConfig, Node
 from ..iks.replacement import WorkerReplacement
 from ..kube import labels as node_labels
 from ..kube.fence import NodeFence
-from ..kube.operands import OperandPlacement, PendingGpuPods
 from ..kube.readiness import OperatorReadiness
 from ..kube.rollback import RollbackVerification
 from ..kube.smoke import SmokeTestVerification
@@ -39,10 +38,10 @@ class GpuNode(pulumi.ComponentResource):
         self.node, self.cfg, self.ctx = node, cfg, ctx
         self.hostname: pulumi.Input[str] = node.name
         self.fence = self.replacement = self.rollback = self.readiness = None
-        self.switch = self.pending = self.labels = self.placement = None
+        self.switch = self.labels = None
         self.smoke_pod = self.verification = None
         self.before_hook = self.after_hook = None
-        # What the next batch waits for (rollout.when_done): the pending GPU pods check and, on dra, the smoke
+        # What the next batch waits for (rollout.when_done): the readiness check and, on dra, the smoke
         # verification, which uncordons the node: the next gate counts a node still cordoned as unavailable.
         self.done_by: list[pulumi.Resource] = []
         # No node is touched, not even fenced, before the inventory found every GPU node listed: nothing half-applied.
@@ -81,7 +80,7 @@ class GpuNode(pulumi.ComponentResource):
         self._replace(after, evict)
         self._switch()
         self._verify(operator_namespace)
-        self.done_by = [self.pending]
+        self.done_by = [self.readiness]
 
     def _batch_entries(self, evict: Optional[dict[str, Any]]) -> dict[str, str]:
         batch = set(((evict or {}).get("budget") or {}).get("batch") or [self.node.name])
@@ -151,7 +150,8 @@ class GpuNode(pulumi.ComponentResource):
     def _verify(self, operator_namespace: pulumi.Input[str]) -> None:
         """Operand pods up and GPUs allocatable on the replaced node; operands start asynchronously after the install,
         so their placement is checked again once this node is ready; then the GPU pods still Pending (the runbook
-        expects Pending GPU workloads to run once the node's driver is in). The next batch waits for this."""
+        expects Pending GPU workloads to run once the node's driver is in). One resource (kube/readiness.py); the
+        next batch waits for it."""
         node, cfg, t = self.node, self.cfg, self.cfg.timeouts
         self.readiness = OperatorReadiness(
             f"{node.ident}-operator-ready",
@@ -163,24 +163,14 @@ class GpuNode(pulumi.ComponentResource):
             device_plugin_resource=cfg.device_plugin_resource,
             dra_namespace=cfg.dra_driver.namespace if node.stage == "dra" else None,
             config_name=node.name,
+            operator_min_version=OPERATOR_MIN_VERSION,
+            resources=sorted({cfg.device_plugin_resource, cfg.extended_resource_name}),
+            gate=cfg.pending_gpu_pods_gate,
             timeout=t.operator_ready,
             poll_interval=t.poll_interval,
             opts=pulumi.ResourceOptions(
                 parent=self, depends_on=[self.switch, *filter(None, [self.replacement, self.rollback])]
             ),
-        )
-        self.placement = OperandPlacement(
-            f"{node.ident}-operand-placement", kubeconfig=cfg.kubeconfig, namespace=cfg.gpu_operator.namespace,
-            operator_min_version=OPERATOR_MIN_VERSION,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.readiness]),
-        )
-        self.pending = PendingGpuPods(
-            f"{node.ident}-pending-gpu-pods",
-            kubeconfig=cfg.kubeconfig,
-            node=self.hostname,
-            resources=sorted({cfg.device_plugin_resource, cfg.extended_resource_name}),
-            gate=cfg.pending_gpu_pods_gate,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.placement]),
         )
 
     def declare_smoke_test(self, cfg: MigrationConfig, ctx: Context, deps: list[pulumi.Resource]) -> None:
@@ -211,10 +201,9 @@ class GpuNode(pulumi.ComponentResource):
         self.done_by.append(self.verification)
 
     def declare_after_hook(self) -> None:
-        """After everything that verifies this node: its path switch, readiness, operand placement, pending GPU pods,
-        rollback check, smoke verification."""
-        checks = [r for r in (self.switch, self.readiness, self.placement, self.pending, self.rollback,
-                              self.verification) if r is not None]
+        """After everything that verifies this node: its path switch, rollback check, readiness (with operand placement
+        and pending GPU pods), smoke verification."""
+        checks = [r for r in (self.switch, self.readiness, self.rollback, self.verification) if r is not None]
         self.after_hook = hooks.node_hook(
             "after-verification", self.cfg.hooks.after_verification, self.node, self.hostname,
             self.replacement.new_worker_id, opts=pulumi.ResourceOptions(parent=self, depends_on=checks),

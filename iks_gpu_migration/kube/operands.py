@@ -1,5 +1,5 @@
-"""The runbook's operator checks: no GPU Operator operand on a node that keeps IBM's drivers (OperandPlacement), and the
-GPU pods still Pending after a node (PendingGpuPods)."""
+"""The runbook's operator checks: no GPU Operator operand on a node that keeps IBM's drivers (OperandPlacement, once
+for the cluster on every `up`; after each node, kube/readiness.py), and the GPU pods still Pending after a node."""
 from typing import Iterable, Optional
 
 import pulumi
@@ -48,15 +48,18 @@ def operand_placement_problems(api: ApiClient, namespace: str, operator_min_vers
             if n in kubelets and not version_at_least(kubelets[n], operator_min_version)]
 
 
-class _OperandPlacementProvider(_EveryUp):
-    rerun_on = ("namespace",)
+def check_operand_placement(api: ApiClient, namespace: str, operator_min_version: str) -> str:
+    """operand_placement_problems, or CheckFailed naming each node and its pods."""
+    problems = operand_placement_problems(api, namespace, operator_min_version)
+    if problems:
+        raise CheckFailed(f"GPU Operator pods run on nodes with IBM-managed drivers:{_bullets(problems)}\n"
+                          "stop: uninstall or fix the fence labels before going on")
+    return f"no operand on a node below {operator_min_version}"
 
+
+class _OperandPlacementProvider(_EveryUp):
     def run(self, api, p):
-        problems = operand_placement_problems(api, p["namespace"], p.get("operator_min_version") or "1.36")
-        if problems:
-            raise CheckFailed(f"GPU Operator pods run on nodes with IBM-managed drivers:{_bullets(problems)}\n"
-                              "stop: uninstall or fix the fence labels before going on")
-        return {"checked": "no operand on a node below " + (p.get("operator_min_version") or "1.36")}
+        return {"checked": check_operand_placement(api, p["namespace"], p.get("operator_min_version") or "1.36")}
 
 
 class OperandPlacement(Resource, module="gpu-migration", name="OperandPlacement"):
@@ -73,24 +76,9 @@ class OperandPlacement(Resource, module="gpu-migration", name="OperandPlacement"
 
 
 class _PendingGpuPodsProvider(_Provider):
-    rerun_on = ("node", "resources", "gate")
+    """Retired: each node's `<node>-pending-gpu-pods` is now part of its OperatorReadiness (kube/readiness.py). Kept
+    so that the next `up` of a stack deployed before can delete those resources (their pickled provider names this
+    class; deleting a check changes nothing)."""
 
     def run(self, api, p):
-        pending = pending_gpu_pods(api, p["resources"])
-        if pending and p.get("gate"):
-            raise CheckFailed(f"after node {p['node']}, GPU pods are still Pending (pendingGpuPodsGate is true):"
-                              f"{_bullets(pending)}")
-        if pending:
-            pulumi.log.warn(f"after node {p['node']}, GPU pods still Pending:{_bullets(pending)}")
-        return {"pending": pending}
-
-
-class PendingGpuPods(Resource, module="gpu-migration", name="PendingGpuPods"):
-    """After a node: the GPU pods still Pending, with their scheduling reason (a gate with pendingGpuPodsGate)."""
-
-    pending: pulumi.Output[list[str]]
-
-    def __init__(self, name: str, kubeconfig: pulumi.Input[Optional[str]], node: pulumi.Input[str],
-                 resources: list[str], gate: bool, opts: Optional[pulumi.ResourceOptions] = None):
-        props = dict(kubeconfig=kubeconfig, node=node, resources=resources, gate=gate, pending=None)
-        super().__init__(_PendingGpuPodsProvider(), name, props, opts)
+        return {}

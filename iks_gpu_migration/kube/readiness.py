@@ -1,4 +1,6 @@
-"""OperatorReadiness: a replaced node's GPU Operator operands run and its GPUs are offered on its stage's path."""
+"""OperatorReadiness: a replaced node's GPU Operator operands run and its GPUs are offered on its stage's path; then
+the runbook's two checks after a node (kube/operands.py): no operand on a node that keeps IBM's drivers, and the GPU
+pods still Pending. One resource for the three: each resource costs every state save its whole size, per node."""
 from typing import Optional
 
 import pulumi
@@ -7,7 +9,8 @@ from kubernetes.client import ApiClient
 from pulumi.dynamic import Resource
 
 from .cluster import DRIVER_POD, GPU_RESOURCE, TOOLKIT_POD, _operand, allocatable, devices_per_node, kubelet_plugin_pods, pod_not_ready
-from .provider import _Provider, _wait_until_no_problems
+from .operands import check_operand_placement, pending_gpu_pods
+from .provider import CheckFailed, _bullets, _Provider, _wait_until_no_problems
 from .records import CONFIG_NAME_ANNOTATION
 
 
@@ -52,7 +55,15 @@ def operator_ready(
 
 
 class _OperatorReadinessProvider(_Provider):
-    rerun_on = ("node", "stage", "namespace", "driver", "device_plugin_resource", "dra_namespace")
+    rerun_on = ("node", "stage", "namespace", "driver", "device_plugin_resource", "dra_namespace", "resources", "gate")
+    # Inputs since the placement and pending checks moved in here. A readiness recorded before ran next to those
+    # checks as resources of their own (deleted by the same `up`): nothing to run again for them.
+    ABSORBED = ("operator_min_version", "resources", "gate")
+
+    def diff(self, _id, olds, news):
+        if "resources" not in olds:
+            olds = {**olds, **{k: news.get(k) for k in self.ABSORBED}}
+        return super().diff(_id, olds, news)
 
     def run(self, api, p):
         if p.get("config_name"):  # lets GpuNodeInventory tie a replaced node (new name) to its config entry
@@ -62,13 +73,31 @@ class _OperatorReadinessProvider(_Provider):
         check = lambda: operator_ready(api, p["node"], p["namespace"], p["stage"], p.get("driver"), resource,
                                                    p.get("dra_namespace"))
         _wait_until_no_problems(f"GPU Operator on node {p['node']} ({p['stage']})", check, p, 1800)
-        return {"ready": True}
+        return {"ready": True, "pending": after_node(api, p)}
+
+
+def after_node(api: ApiClient, p: dict) -> list[str]:
+    """Once the node is ready: operands start asynchronously after the install, so their placement is checked again
+    (every operator namespace pod against every node's kubelet); then the GPU pods still Pending (the runbook expects
+    Pending GPU workloads to run once a node's driver is in): a warning, or a stop with pendingGpuPodsGate."""
+    if p.get("operator_min_version"):
+        check_operand_placement(api, p["namespace"], p["operator_min_version"])
+    pending = pending_gpu_pods(api, p.get("resources") or [])
+    if pending and p.get("gate"):
+        raise CheckFailed(f"after node {p['node']}, GPU pods are still Pending (pendingGpuPodsGate is true):"
+                          f"{_bullets(pending)}")
+    if pending:
+        pulumi.log.warn(f"after node {p['node']}, GPU pods still Pending:{_bullets(pending)}")
+    return pending
 
 
 class OperatorReadiness(Resource, module="gpu-migration", name="OperatorReadiness"):
-    """Waits until the node's operand pods run/completed and its GPUs are allocatable on the stage's path."""
+    """Waits until the node's operand pods run/completed and its GPUs are allocatable on the stage's path; then checks
+    operand placement (with `operator_min_version`) and lists the GPU pods (`resources`) still Pending (`pending`;
+    with `gate`, any stops `up`)."""
 
     ready: pulumi.Output[bool]
+    pending: pulumi.Output[list[str]]
 
     def __init__(
         self,
@@ -83,10 +112,14 @@ class OperatorReadiness(Resource, module="gpu-migration", name="OperatorReadines
         device_plugin_resource: pulumi.Input[Optional[str]] = None,  # device-plugin stage: default nvidia.com/gpu
         dra_namespace: pulumi.Input[Optional[str]] = None,  # dra stage: the DRA kubelet plugin pod must be Ready
         config_name: Optional[str] = None,  # the node's name in gpu-migration:nodes, recorded on the node
+        operator_min_version: Optional[str] = None,  # operand placement: nodes below it keep IBM's drivers
+        resources: Optional[list[str]] = None,  # GPU resources whose Pending pods are listed after the node
+        gate: bool = False,  # pendingGpuPodsGate: a Pending GPU pod stops `up`
         opts: Optional[pulumi.ResourceOptions] = None,
     ):
         props = dict(kubeconfig=kubeconfig, node=node, stage=stage, namespace=namespace, driver=driver,
                      device_plugin_resource=device_plugin_resource, dra_namespace=dra_namespace,
-                     config_name=config_name, timeout=timeout,
-                     poll_interval=poll_interval, ready=None)
+                     config_name=config_name, operator_min_version=operator_min_version,
+                     resources=resources or [], gate=gate, timeout=timeout,
+                     poll_interval=poll_interval, ready=None, pending=None)
         super().__init__(_OperatorReadinessProvider(), name, props, opts)

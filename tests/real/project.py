@@ -86,5 +86,5 @@ def by_symbol(changes: dict[str, str]) -> dict[str, set[str]]:
 
 
 def meaningful(changes: dict[str, str]) -> dict[str, str]:
-    """Changes other than the every-up checks (which include each node's `<node>-operand-placement`)."""
-    return {k: v for k, v in changes.items() if k not in EVERY_UP_CHECKS and not k.endswith("-operand-placement")}
+    """Changes other than the every-up checks."""
+    return {k: v for k, v in changes.items() if k not in EVERY_UP_CHECKS}

@@ -139,11 +139,13 @@ def refresh_and_preview(env, stack, released: dict) -> None:
     # Each smoke pod gained its Pod Security settings (kube/pod_security.py), which a Pod can't change in place: it is
     # replaced and its smoke test runs again (its verification follows the new pod's uid); the smoke namespace gains
     # its Pod Security labels in place.
-    upgraded = {f"smoke-{A}": "+-", f"{A}-smoke-verification": "+-", "smoke-namespace": "~"}
+    # Each node's operand placement and pending GPU pods checks are now part of its readiness check (kube/readiness.py):
+    # they go, and the readiness, whose check ran next to them, stays as it is.
+    upgraded = {f"smoke-{A}": "+-", f"{A}-smoke-verification": "+-", "smoke-namespace": "~",
+                **{f"{n}-{check}": "-" for n in (A, B) for check in ("operand-placement", "pending-gpu-pods")}}
     assert meaningful(changes) == {**NEW_COMPONENTS, **upgraded}, (
         f"preview after refresh plans {meaningful(changes)}:\n" + "\n".join(shown))
-    assert set(changes) <= EVERY_UP_CHECKS | set(NEW_COMPONENTS) | set(upgraded) | {f"{n}-operand-placement"
-                                                                                      for n in (A, B)}, changes
+    assert set(changes) <= EVERY_UP_CHECKS | set(NEW_COMPONENTS) | set(upgraded), changes
 
 
 def update_and_delete(env, stack, released: dict) -> tuple[dict, dict]:
