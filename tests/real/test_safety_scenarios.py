@@ -220,7 +220,8 @@ def test_operator_pods_on_an_ibm_managed_node_stop_up_naming_node_and_pods(env):
     writes = record_iks_writes(env.iks)
     message, events = failing_up(env, PILOT_STAGES)
     culprit = next((line for line in message.splitlines()
-                    if f"node {C}: runs IBM-managed drivers but has GPU Operator pods " in line), "")
+                    if f"node {C}: runs IBM-managed drivers (kubelet v1.35" in line
+                    and "below 1.36) but has GPU Operator pods " in line), "")
     assert "gpu-operator/nvidia-driver-daemonset-" in culprit, message
     assert "GPU Operator pods run on nodes with IBM-managed drivers" in message
     # Nothing past the check: the second node and the ibm-managed one are never replaced. (Whether the check after
