@@ -57,6 +57,39 @@ GPU_STATE_LABELS = OPERAND_LABELS + [
 OPERANDS_LABEL = "nvidia.com/gpu.deploy.operands"
 
 
+FLAVOR_LABEL = "ibm-cloud.kubernetes.io/machine-type"
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """What NVML reports for a GPU (`nvidia-smi -L` prints the name; the DRA driver publishes name, architecture and
+    compute capability as device attributes, NVIDIA/k8s-dra-driver-gpu cmd/gpu-kubelet-plugin/deviceinfo.go)."""
+    name: str
+    architecture: str
+    compute_capability: str
+    memory: str
+
+
+# The GPU of each IKS GPU flavor family, by the flavor's last part (gx3.16x80.l4, gx3.24x120.l40s,
+# gx3d.160x1792.8h100, gx2.8x64.1v100: IBM docs "VPC GPU profiles"); models as NVIDIA's data sheets give them.
+GPU_MODELS = {
+    "l40s": GpuModel("NVIDIA L40S", "Ada Lovelace", "8.9.0", "48Gi"),
+    "l4": GpuModel("NVIDIA L4", "Ada Lovelace", "8.9.0", "24Gi"),
+    "h100": GpuModel("NVIDIA H100 80GB HBM3", "Hopper", "9.0.0", "80Gi"),
+    "v100": GpuModel("Tesla V100-PCIE-16GB", "Volta", "7.0.0", "16Gi"),
+}
+
+
+def gpu_model(flavor: str) -> GpuModel:
+    """The GPU of `flavor`; an unknown or missing flavor gets the L4 of the local workers' gx3.16x80.l4."""
+    family = re.sub(r"^\d+", "", flavor.rsplit(".", 1)[-1].lower())
+    return GPU_MODELS.get(family, GPU_MODELS["l4"])
+
+
+def node_gpu_model(node: client.V1Node) -> GpuModel:
+    return gpu_model((node.metadata.labels or {}).get(FLAVOR_LABEL, ""))
+
+
 def gpu_uuid(node: str, index: int) -> str:
     return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}/{index}"))
 
@@ -203,7 +236,7 @@ class GpuDoubles(Polled):
                 self._plugin_gone_since.pop(name, None)
 
     def _slice(self, node: client.V1Node) -> dict:
-        name = node.metadata.name
+        name, model = node.metadata.name, node_gpu_model(node)
         devices = []
         for i in range(self._gpus(node)):
             devices.append({
@@ -211,15 +244,15 @@ class GpuDoubles(Polled):
                 "attributes": {
                     "type": {"string": "gpu"},
                     "uuid": {"string": gpu_uuid(name, i)},
-                    "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                    "productName": {"string": model.name},
                     "brand": {"string": "Nvidia"},
-                    "architecture": {"string": "Hopper"},
-                    "cudaComputeCapability": {"version": "9.0.0"},
+                    "architecture": {"string": model.architecture},
+                    "cudaComputeCapability": {"version": model.compute_capability},
                     "driverVersion": {"version": "580.95.5"},
                     "cudaDriverVersion": {"version": "13.0.0"},
                     "pcieBusID": {"string": f"0000:{0x18 + i:02x}:00.0"},
                 },
-                "capacity": {"memory": {"value": "80Gi"}},
+                "capacity": {"memory": {"value": model.memory}},
             })
         # Owned by the Node, so the garbage collector removes the slices with a deleted node (a replaced worker):
         # k8s.io/dynamic-resource-allocation kubeletplugin/draplugin.go PublishResources, resourceslice.Owner
@@ -296,7 +329,7 @@ class GpuDoubles(Polled):
                     uuids = [fault.split("=", 1)[1]]
                 for i, u in enumerate(uuids):
                     self.logs.append(pod.metadata.namespace, pod.metadata.name, container.name,
-                                     f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: {u})", uid)
+                                     f"GPU {i}: {node_gpu_model(node).name} (UUID: {u})", uid)
                 if not uuids:
                     self.logs.append(pod.metadata.namespace, pod.metadata.name, container.name,
                                      "No devices were found", uid)

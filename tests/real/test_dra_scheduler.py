@@ -65,7 +65,8 @@ def test_real_scheduler_allocates_extended_resource_through_dra(cluster):
         assert claim["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
         # The nvidia-smi double prints the allocated device's UUID, read back through the API server's log proxy.
         eventually(lambda: core.read_namespaced_pod("via-dra", ns).status.phase == "Succeeded", "via-dra done")
-        assert gpu_uuid(dra_node, 0) in core.read_namespaced_pod_log("via-dra", ns, container="cuda")
+        log = core.read_namespaced_pod_log("via-dra", ns, container="cuda")
+        assert f"GPU 0: NVIDIA L4 (UUID: {gpu_uuid(dra_node, 0)})" in log, log  # no flavor label: the local L4
 
         # Same name on both paths: with device-plugin allocatable > 0, the scheduler uses the plugin, not DRA.
         core.create_namespaced_pod(ns, _gpu_pod("via-plugin", ns, {"proof": suffix, "path": "dp"}))
