@@ -53,7 +53,7 @@ def test_batches_follow_the_budget():
     order = [r.name for r in run.registered]
     for name in gates[0].inputs["batch"]:
         assert run.depends(f"{name}-replacement", "batch-1-gate")
-        assert order.index(f"{name}-operator-ready") < order.index("batch-2-gate")
+        assert order.index(f"{name}-switch") < order.index("batch-2-gate")
 
 
 class FailingMocks(RecordingMocks):
@@ -86,7 +86,7 @@ def test_preview_does_not_wait_for_batches():
     run = run_program(fleet_config(3), preview=True)
     assert run.named("batch-2-gate").inputs["after"] == ["10.1.0.1"]
     order = [r.name for r in run.registered]
-    assert order.index("batch-3-gate") < order.index("10.1.0.1-operator-ready")
+    assert order.index("batch-3-gate") < order.index("10.1.0.1-switch")
 
 
 def test_preview_logs_the_plan(monkeypatch):

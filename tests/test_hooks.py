@@ -39,13 +39,13 @@ def test_hooks_run_before_replacement_and_after_verification():
         assert run.depends(before, f"{node}-fence")
         assert not run.depends(before, f"{node}-replacement")
         # After: once the node is verified.
-        assert run.depends(after, f"{node}-operator-ready")
+        assert run.depends(after, f"{node}-switch")
     assert run.depends(f"{DRA_NODE}-after-verification-hook", f"{DRA_NODE}-smoke-verification")
     # Nodes go one at a time (maxUnavailable 1): the second node's hook waits for its batch's gate, which is
     # registered only once the first node is done (rollout.py).
     assert run.depends(f"{DP_NODE}-before-replace-hook", "batch-2-gate")
     order = [r.name for r in run.registered]
-    assert order.index(f"{DRA_NODE}-operator-ready") < order.index("batch-2-gate")
+    assert order.index(f"{DRA_NODE}-switch") < order.index("batch-2-gate")
     assert not {f"{IBM_NODE}-before-replace-hook", f"{IBM_NODE}-after-verification-hook"} & run.names()
 
 
@@ -62,16 +62,16 @@ def test_hook_environment_names_node_worker_and_stage():
 
 def test_before_hook_precedes_the_path_switch_and_after_hook_follows_every_check():
     """The switch drains the node (both ways): the team's own workload move runs first; the after hook waits for the
-    switch, the rollback check and the readiness check (with the operand placement and the pending GPU pods report)."""
+    switch, which ends with the rollback check, readiness, operand placement and the pending GPU pods report."""
     run = run_program(pilot_with_hooks(**{DRA_NODE: "device-plugin"}))
     for node in (DRA_NODE, DP_NODE):
         assert run.depends(f"{node}-switch", f"{node}-before-replace-hook")
-        for check in ("switch", "rollback", "operator-ready"):
+        for check in ("switch",):
             assert run.depends(f"{node}-after-verification-hook", f"{node}-{check}"), check
     run = run_program(pilot_with_hooks(**{DP_NODE: "dra"}))
     for node in (DRA_NODE, DP_NODE):
         assert run.depends(f"{node}-switch", f"{node}-before-replace-hook")
-        for check in ("switch", "smoke-verification", "operator-ready"):
+        for check in ("switch", "smoke-verification"):
             assert run.depends(f"{node}-after-verification-hook", f"{node}-{check}"), check
 
 

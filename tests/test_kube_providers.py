@@ -21,12 +21,12 @@ from iks_gpu_migration.kube.fence import _NodeFenceProvider
 from iks_gpu_migration.kube.inventory import GpuNodeInventory, _GpuNodeInventoryProvider
 from iks_gpu_migration.kube.operands import OperandPlacement, _OperandPlacementProvider
 from iks_gpu_migration.kube.preflight import DraPreflight, PROBE_CLASS, _DraPreflightProvider
-from iks_gpu_migration.kube.readiness import OperatorReadiness, _OperatorReadinessProvider, operator_ready
+from iks_gpu_migration.kube.readiness import _OperatorReadinessProvider, operator_ready
 from iks_gpu_migration.kube.records import CONFIG_NAME_ANNOTATION
-from iks_gpu_migration.kube.rollback import NodeDrain, ROLLBACK_NODE_LABEL, RollbackVerification, _NodeDrainProvider, _RollbackVerificationProvider
+from iks_gpu_migration.kube.rollback import NodeDrain, ROLLBACK_NODE_LABEL, _NodeDrainProvider, _RollbackVerificationProvider
 from iks_gpu_migration.kube.smoke import SmokeTestVerification, _SmokeTestVerificationProvider
 from iks_gpu_migration.kube.smoke_criteria import verify_smoke
-from iks_gpu_migration.kube.switch import NodePathSwitch
+from iks_gpu_migration.kube.switch import NodePathSwitch, Readiness, RollbackCheck, _NodePathSwitchProvider
 from kubernetes import client
 from iks_gpu_migration.kube import cluster
 from iks_gpu_migration.kube import inventory as kube_inventory
@@ -818,14 +818,18 @@ def test_readiness_then_operand_placement(operator, kube, kubeconfig, n2):
            f"{gpu_operator}/nvidia-device-plugin-daemonset-x9" in str(e.value)
 
 
-def test_readiness_recorded_before_it_absorbed_the_placement_and_pending_checks_is_not_run_again():
-    provider = _OperatorReadinessProvider()
-    base = {"node": "n1", "stage": "device-plugin", "namespace": "gpu-operator", "timeout": 600, "ready": True}
-    news = {**base, "operator_min_version": "1.36", "resources": ["nvidia.com/gpu"], "gate": False}
-    assert not provider.diff("id", base, news).changes  # no `~` for every migrated node after an upgrade
-    gated = provider.diff("id", {**base, "operator_min_version": "1.36", "resources": ["nvidia.com/gpu"],
-                                 "gate": False}, {**news, "gate": True})
-    assert gated.replaces == ["gate"]  # later, a changed gate runs the check again
+def test_a_switch_recorded_before_it_absorbed_the_rollback_and_readiness_checks_is_not_run_again():
+    """Stacks deployed before hold `<node>-rollback` and `<node>-operator-ready` beside the switch (the same `up`
+    deletes them): their switch shows no change for the inputs it gained."""
+    provider = _NodePathSwitchProvider()
+    base = {"node": "n1", "target": "device-plugin", "pilot_label": PILOT, "device_plugin_resource": "nvidia.com/gpu",
+            "extended_resource": ER, "driver": DRIVER, "drain_timeout": 60, "switch_timeout": 60, "poll_interval": 1,
+            "switched": False, "rolling_back": False}
+    gained = {"check_image": "cuda", "check_namespace": NS, "check_timeout": 60, "operator_namespace": "gpu-operator",
+              "operator_min_version": "1.36", "gpu_resources": [ER], "pending_gate": False, "ready_timeout": 60}
+    assert not provider.diff("id", base, {**base, **gained}).changes  # no `~` for every migrated node after an upgrade
+    gated = provider.diff("id", {**base, **gained}, {**base, **gained, "pending_gate": True})
+    assert gated.replaces == ["pending_gate"]  # later, a changed gate runs the node's checks again
 
 
 class CheckPods:
@@ -962,23 +966,22 @@ def test_resources_declare_and_providers_serialize():
         SmokeTestVerification("smoke", namespace=NS, pod_name="gpu-smoke-test-n1",
                                              pod_uid=pulumi.Output.from_input("uid-1"), node="n1", driver=DRIVER,
                                              extended_resource=ER, **common),
-        OperatorReadiness("ready", node="n1", stage="dra", namespace="gpu-operator", **common),
     ]
     drain_ = NodeDrain("drain", node="n1", pilot_label=PILOT, extended_resource=ER, **common)
-    declared += [drain_, RollbackVerification(
-        "rollback", node="n1", rolling_back=drain_.rolling_back, extended_resource=ER, image="cuda", namespace=NS,
-        **common)]
+    switch = NodePathSwitch(
+        "switch", kubeconfig=None, node="n1", target="device-plugin", pilot_label=PILOT,
+        device_plugin_resource="nvidia.com/gpu", extended_resource=ER, driver=DRIVER, drain_timeout=60,
+        switch_timeout=60, poll_interval=1, rollback_check=RollbackCheck(image="cuda", namespace=NS, timeout=60),
+        readiness=Readiness(operator_namespace="gpu-operator", timeout=60, operator_min_version="1.36",
+                            gpu_resources=[ER]))
     declared += [
-        NodePathSwitch("switch", kubeconfig=None, node="n1", target="dra", pilot_label=PILOT,
-                                   device_plugin_resource="nvidia.com/gpu", extended_resource=ER, driver=DRIVER,
-                                   drain_timeout=60, switch_timeout=60, poll_interval=1),
+        drain_, switch,
         GpuNodeInventory("inventory", kubeconfig=None, configured={"n1": "dra"}, worker_ids={},
                                         operator_min_version="1.36"),
         OperandPlacement("placement", kubeconfig=None, namespace="gpu-operator", operator_min_version="1.36"),
     ]
     expected = {"pre": "_DraPreflightProvider", "smoke": "_SmokeTestVerificationProvider",
-                "ready": "_OperatorReadinessProvider", "drain": "_NodeDrainProvider",
-                "rollback": "_RollbackVerificationProvider", "switch": "_NodePathSwitchProvider",
+                "drain": "_NodeDrainProvider", "switch": "_NodePathSwitchProvider",
                 "inventory": "_GpuNodeInventoryProvider", "placement": "_OperandPlacementProvider"}
 
     def check(values):
@@ -991,10 +994,12 @@ def test_resources_declare_and_providers_serialize():
             serialized = args.inputs["__provider"]  # a secret: {<secret sig>: ..., "value": <base64 dill>}
             provider = dill.loads(base64.b64decode(serialized["value"] if isinstance(serialized, dict) else serialized))
             assert type(provider).__name__ == cls
-        assert mocks.resources["rollback"].inputs["rolling_back"] is True
+        inputs = mocks.resources["switch"].inputs
+        assert (inputs["check_image"], inputs["operator_namespace"], inputs["ready_timeout"]) == ("cuda", "gpu-operator",
+                                                                                                  60)
 
     # After every registration returned (their URNs): the check runs on all of them, not on those done so far.
-    return pulumi.Output.all(drain_.rolling_back, declared[1].gpu_uuid, declared[4].result,
+    return pulumi.Output.all(drain_.rolling_back, declared[1].gpu_uuid, switch.result,
                              *[r.urn for r in declared]).apply(check)
 
 

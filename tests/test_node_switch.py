@@ -50,10 +50,11 @@ def first(states, predicate) -> int:
     return next(i for i, s in enumerate(states) if predicate(s))
 
 
-def switch(kubeconfig, node, target, drain=2.0, switch_timeout=2.0):
+def switch(kubeconfig, node, target, drain=2.0, switch_timeout=2.0, **steps):
+    """The switch alone, or with its later steps (`steps`: check_* for the rollback check, operator_namespace etc.)."""
     props = dict(kubeconfig=kubeconfig, node=node, target=target, pilot_label="=".join(PILOT),
                  device_plugin_resource=GPU, extended_resource=GPU, driver=DRIVER, drain_timeout=drain,
-                 switch_timeout=switch_timeout, poll_interval=0.02)
+                 switch_timeout=switch_timeout, poll_interval=0.02, **steps)
     return _NodePathSwitchProvider().create(props).outs
 
 
@@ -185,6 +186,55 @@ def test_rollback_verification_uncordons_after_the_check_pod(kube, kubeconfig, n
     # The namespace the check made enforces Pod Security restricted, and the API server admitted the check pod there.
     labels = kube.core.read_namespace(pilot_ns).metadata.labels
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def run_check_pods(kube, namespace, node):
+    """Plays the scheduler and kubelet for check pods: bound to `node`, print the GPU, end."""
+    def run(pod):
+        name = pod["metadata"]["name"]
+        kube.bind(namespace, name, node)
+        kube.set_log(namespace, name, f"GPU 0: NVIDIA L4 (UUID: {UUID0})\n", container=pod["spec"]["containers"][0]["name"])
+        kube.set_pod_status(namespace, name, {"phase": "Succeeded", "containerStatuses": [
+            kube.container_status(ready=False, exit_code=0)]})
+    kube.on_pod_create(namespace, run)
+
+
+def test_switch_with_its_rollback_check_rolls_back_checks_and_uncordons(kube, kubeconfig, node, n1):
+    patch_labels(kubeconfig, n1, {PILOT[0]: PILOT[1], DEVICE_PLUGIN_LABEL: "false"})
+    settled(kube, (False, "false", PILOT[1], "0", True))
+    pilot_ns = kube.name("gpu-pilot")
+    run_check_pods(kube, pilot_ns, n1)
+    outs = switch(kubeconfig, n1, "device-plugin", check_image="cuda", check_namespace=pilot_ns, check_timeout=2)
+    assert (outs["rolling_back"], outs["gpu_uuid"]) == (True, UUID0)
+    assert _state(kube) == (False, "true", None, "1", False) and node.violations == []
+    # Once there, the switch and its check have nothing to do.
+    outs = switch(kubeconfig, n1, "device-plugin", check_image="cuda", check_namespace=pilot_ns, check_timeout=2)
+    assert (outs["rolling_back"], outs["result"]) == (False, "not rolling back")
+
+
+def test_a_rollback_cut_short_before_its_check_resumes_with_the_check(kube, kubeconfig, node, n1):
+    """The labels are back on the device plugin but the check never ran (the run was killed): the node is still
+    cordoned for the rollback. The next run does not take the node as never switched (which would only uncordon
+    it): it runs the check, which uncordons."""
+    patch_labels(kubeconfig, n1, {PILOT[0]: PILOT[1], DEVICE_PLUGIN_LABEL: "false"})
+    settled(kube, (False, "false", PILOT[1], "0", True))
+    assert switch(kubeconfig, n1, "device-plugin")["rolling_back"] is True  # the labels, no check
+    settled(kube, (True, "true", None, "1", False))
+    assert kube.annotations(n1)[CORDON_ANNOTATION] == "device-plugin"
+    pilot_ns = kube.name("gpu-pilot")
+    run_check_pods(kube, pilot_ns, n1)
+    outs = switch(kubeconfig, n1, "device-plugin", check_image="cuda", check_namespace=pilot_ns, check_timeout=2)
+    assert (outs["rolling_back"], outs["gpu_uuid"]) == (True, UUID0)
+    assert _state(kube) == (False, "true", None, "1", False) and CORDON_ANNOTATION not in kube.annotations(n1)
+
+
+def test_switch_ends_with_the_nodes_readiness(kube, kubeconfig, node, n1):
+    """After the switch, the node's readiness (kube/readiness.py): here no GPU Operator pod runs on it."""
+    operator_ns = kube.ns("gpu-operator")
+    with pytest.raises(CheckFailed) as e:
+        switch(kubeconfig, n1, "device-plugin", operator_namespace=operator_ns, ready_timeout=0.2)
+    assert f"GPU Operator on node {n1} (device-plugin) did not pass" in str(e.value)
+    assert f"node {n1}: no GPU Operator pods in namespace {operator_ns}" in str(e.value)
 
 
 def test_switch_never_touches_a_pilot_label_paused_for_a_driver_upgrade(kube, kubeconfig, node, n1):

@@ -26,42 +26,41 @@ def names(node: str, *parts: str) -> set[str]:
 
 
 CASES = {
-    # A node leaves ibm-managed: its replacement, path switch (no-op), rollback check (no-op) and readiness (with the
-    # operand placement and pending-pods report) are new; its fence runs again (it no longer requires IBM's drivers); the
-    # deploy.operands=false labels go (the replacement is a new Node object without them).
+    # A node leaves ibm-managed: its replacement and path switch (a no-op switch with the node's rollback check,
+    # readiness, operand placement and pending-pods report) are new; its fence runs again (it no longer requires IBM's
+    # drivers); the deploy.operands=false labels go (the replacement is a new Node object without them).
     "stage ibm-managed -> device-plugin": (stage(IBM, "device-plugin"), {
-        "+": names(IBM, "replacement", "switch", "rollback", "operator-ready") | {"batch-3-gate"},
+        "+": names(IBM, "replacement", "switch") | {"batch-3-gate"},
         "-": names(IBM, "labels"), "~": {IBM}, "+-": names(IBM, "fence")}),
     "stage device-plugin -> dra": (stage(DP, "dra"), {
-        "+": names(DP, "smoke-verification") | {f"smoke-{DP}", "batch-2-dra-preflight"}, "-": names(DP, "rollback"),
-        "~": {DP}, "+-": names(DP, "switch", "operator-ready") | {"batch-2-gate"}}),
+        "+": names(DP, "smoke-verification") | {f"smoke-{DP}", "batch-2-dra-preflight"}, "-": set(),
+        "~": {DP}, "+-": names(DP, "switch") | {"batch-2-gate"}}),
     # Rollback of the last dra node: the DRA path (driver, DeviceClass, preflight, namespace) and smoke test go away.
     "stage dra -> device-plugin (rollback)": (stage(DRA, "device-plugin"), {
-        "+": names(DRA, "rollback"),
+        "+": set(),
         "-": names(DRA, "smoke-verification") | {f"smoke-{DRA}", "device-class", "dra-driver", "batch-1-dra-preflight",
                                                  "smoke-namespace", "dra-path"},
-        "~": {DRA}, "+-": names(DRA, "switch", "operator-ready") | {"batch-1-gate"}}),
+        "~": {DRA}, "+-": names(DRA, "switch") | {"batch-1-gate"}}),
     "gpuOperator version or values": (lambda r: r["gpuOperator"].update(version="v25.10.2"), {
         "~": {"gpu-operator"}, "+": set(), "-": set(), "+-": set()}),
     "draDriver version or values": (lambda r: r["draDriver"]["values"].update(logVerbosity=6), {
         "~": {"dra-driver"}, "+": set(), "-": set(), "+-": set()}),
     "deviceSelectors": (lambda r: r.update(deviceSelectors=["device.attributes['gpu.nvidia.com'].index == 0"]), {
         "~": {"device-class"}, "+": set(), "-": set(), "+-": set()}),
+    # The device-plugin node's switch keeps the rollback check's image for a later rollback: updated, nothing re-run.
     "smokeTest.image": (lambda r: r["smokeTest"].update(image="nvcr.io/nvidia/cuda:13.0.0-base-ubi9"), {
-        "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification", f"{DP}-rollback"}, "~": set(), "+": set(),
+        "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification"}, "~": names(DP, "switch"), "+": set(),
         "-": set()}),
-    # An updated switch's rolling_back is unknown in preview (a dynamic provider has no preview of its update), so
-    # the rollback check shows as replaced; during `up` the switch reports the same value and it does not run.
     "timeouts": (lambda r: r["timeouts"].update(drain=900, operatorReady=1200), {
-        "~": names(DP, "switch", "operator-ready") | names(DRA, "switch", "operator-ready") | {"batch-1-dra-preflight"},
-        "+": set(), "-": set(), "+-": names(DP, "rollback")}),
+        "~": names(DP, "switch") | names(DRA, "switch") | {"batch-1-dra-preflight"},
+        "+": set(), "-": set(), "+-": set()}),
     "smokeTest.command": (lambda r: r["smokeTest"].update(command=["nvidia-smi", "-L"]), {
         "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification"}, "~": set(), "+": set(), "-": set()}),
     "IKS timeouts": (lambda r: r["timeouts"].update(masterUpdate=7200, workerReplace=7200, workerPool=7200), {
         "+": set(), "~": set(), "-": set(), "+-": set()}),
     "pilotLabel": (lambda r: r.update(pilotLabel="migration.example.com/gpu-dra=on"), {
         "~": {"dra-driver"},
-        "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification", f"{DRA}-switch", f"{DP}-switch", f"{DP}-rollback",
+        "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification", f"{DRA}-switch", f"{DP}-switch",
                "batch-1-dra-preflight"},
         "+": set(), "-": set()}),
     "tempGpuPool.enabled": (lambda r: r.update(tempGpuPool={"enabled": True, "flavor": "gx3.16x80.l4",
@@ -95,5 +94,5 @@ def test_unknown_outputs_propagate():
     everything addressed by their node names shows as replaced."""
     diff = preview(stack_config("pilot"), changed(lambda r: r.update(kubeVersion="1.38")))
     assert diff["~"] == {"master-version", *names(DRA, "replacement"), *names(DP, "replacement")}
-    assert names(DRA, "switch", "operator-ready", "smoke-verification") <= diff["+-"]
-    assert names(DP, "switch", "operator-ready", "rollback") <= diff["+-"]
+    assert names(DRA, "switch", "smoke-verification") <= diff["+-"]
+    assert names(DP, "switch") <= diff["+-"]

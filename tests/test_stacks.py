@@ -62,13 +62,14 @@ def test_pilot_declares_each_stage(pilot_run):
 
 def test_device_plugin_resource_is_what_the_rollback_checks():
     run = run_program(pilot(**{DRA_NODE: "device-plugin"}))
-    assert run.named(f"{DP_NODE}-operator-ready").inputs["device_plugin_resource"] == "nvidia.com/gpu"
-    assert run.named(f"{DRA_NODE}-rollback").inputs["extended_resource"] == "nvidia.com/gpu"
+    # The switch's readiness checks it is allocatable; its rollback check pod asks for it (kube/switch.py).
+    assert run.named(f"{DP_NODE}-switch").inputs["device_plugin_resource"] == "nvidia.com/gpu"
+    assert run.named(f"{DRA_NODE}-switch").inputs["check_image"]  # the rolled-back node has its check
     raw = pilot(**{DRA_NODE: "device-plugin"})
     raw["devicePluginResourceName"] = "nvidia.com/mig-1g.10gb"
     run = run_program(raw)
-    assert run.named(f"{DP_NODE}-operator-ready").inputs["device_plugin_resource"] == "nvidia.com/mig-1g.10gb"
-    assert run.named(f"{DRA_NODE}-rollback").inputs["extended_resource"] == "nvidia.com/mig-1g.10gb"
+    assert run.named(f"{DP_NODE}-switch").inputs["device_plugin_resource"] == "nvidia.com/mig-1g.10gb"
+    assert run.named(f"{DRA_NODE}-switch").inputs["device_plugin_resource"] == "nvidia.com/mig-1g.10gb"
 
 
 def test_pilot_order(pilot_run):
@@ -79,10 +80,14 @@ def test_pilot_order(pilot_run):
     assert run.depends(f"{DRA_NODE}-replacement", "batch-1-gate") and run.depends(f"{DP_NODE}-replacement", "batch-2-gate")
     assert run.named("batch-2-gate").inputs["after"] == [DRA_NODE]
     order = [r.name for r in run.registered]
-    assert order.index(f"{DRA_NODE}-operator-ready") < order.index("batch-2-gate")
-    # Operand placement and the pending GPU pods are checked by the readiness resource itself (kube/readiness.py).
-    assert not {f"{DRA_NODE}-pending-gpu-pods", f"{DRA_NODE}-operand-placement"} & run.names()
-    assert run.named(f"{DRA_NODE}-operator-ready").inputs["operator_min_version"] == "1.36"
+    assert order.index(f"{DRA_NODE}-switch") < order.index("batch-2-gate")
+    # The rollback check, readiness, operand placement and pending GPU pods are steps of the node's switch
+    # (kube/switch.py): four resources per device-plugin node (GpuNode, fence, replacement, switch).
+    assert not {f"{DRA_NODE}-{c}" for c in ("rollback", "operator-ready", "pending-gpu-pods", "operand-placement")
+                } & run.names()
+    assert run.named(f"{DRA_NODE}-switch").inputs["operator_min_version"] == "1.36"
+    assert [r.name for r in run.registered if r.name.startswith(DP_NODE)] == [
+        DP_NODE, f"{DP_NODE}-fence", f"{DP_NODE}-replacement", f"{DP_NODE}-switch"]
     # The inventory precedes everything that changes a node; the operand placement check follows the operator.
     for name in ("gpu-operator", "master-version", "dra-driver", "device-class", f"{DRA_NODE}-replacement",
                  "batch-1-gate"):
@@ -93,12 +98,11 @@ def test_pilot_order(pilot_run):
         if resource.name != "cluster-identity" and not resource.typ.startswith(("gpu-migration:index:", "pulumi:")):
             assert run.depends(resource.name, "cluster-identity"), resource.name
     assert run.depends("operand-placement", "gpu-operator")
-    # Readiness waits for the operator and its placement check through its namespace input, without an edge
-    # (rollout.once_done; tests/test_node_identity.py checks a failed operator holds it back).
-    assert order.index("operand-placement") < order.index(f"{DRA_NODE}-operator-ready")
-    assert not run.depends(f"{DRA_NODE}-operator-ready", "gpu-operator")
-    assert not run.depends(f"{DRA_NODE}-replacement", f"{DP_NODE}-operator-ready")
-    assert run.depends(f"{DRA_NODE}-operator-ready", f"{DRA_NODE}-replacement")
+    # The switch (ending with readiness) waits for the operator and its placement check through its namespace input,
+    # without an edge (rollout.once_done; tests/test_node_identity.py checks a failed operator holds it back).
+    assert order.index("operand-placement") < order.index(f"{DRA_NODE}-switch")
+    assert not run.depends(f"{DRA_NODE}-switch", "gpu-operator")
+    assert not run.depends(f"{DRA_NODE}-replacement", f"{DP_NODE}-switch")
     # The operator only arrives once every node on IBM's drivers is fenced off: ibm-managed ones by their labels,
     # the ones awaiting replacement by their fence (which also precedes their replacement).
     assert run.depends("gpu-operator", f"{IBM_NODE}-labels") and run.depends("gpu-operator", f"{IBM_NODE}-fence")
@@ -112,16 +116,16 @@ def test_pilot_order(pilot_run):
         assert run.depends("batch-1-dra-preflight", dep)
     assert run.named("batch-1-dra-preflight").inputs["device_class"] == "nvidia.com-gpu"
     assert run.depends(f"{DRA_NODE}-switch", f"{DRA_NODE}-replacement")
-    assert run.depends(f"{DRA_NODE}-operator-ready", f"{DRA_NODE}-switch")
-    assert run.named(f"{DRA_NODE}-operator-ready").inputs["dra_namespace"] == "nvidia-dra-driver-gpu"
+    assert run.named(f"{DRA_NODE}-switch").inputs["dra_namespace"] == "nvidia-dra-driver-gpu"
     assert run.depends(f"smoke-{DRA_NODE}", "batch-1-dra-preflight")
     assert run.depends(f"{DRA_NODE}-smoke-verification", f"smoke-{DRA_NODE}")
     # The next batch waits for the dra node's smoke verification too: it uncordons the node, which the next gate
     # would otherwise count as unavailable.
     assert order.index(f"{DRA_NODE}-smoke-verification") < order.index("batch-2-gate")
     assert run.named(f"{DRA_NODE}-smoke-verification").inputs["dra_namespace"] == "nvidia-dra-driver-gpu"
-    # Rollback path of a device-plugin node: the switch, then the verification.
-    assert run.depends(f"{DP_NODE}-rollback", f"{DP_NODE}-switch")
+    # A device-plugin node's switch carries the rollback check; a dra node's does not.
+    assert run.named(f"{DP_NODE}-switch").inputs["check_image"] and "check_image" not in run.named(
+        f"{DRA_NODE}-switch").inputs
 
 
 def test_pilot_manifests_pass_kubernetes_validate(pilot_run, tmp_path):
@@ -155,21 +159,22 @@ def test_moving_a_node_to_dra_adds_labels_and_smoke_test():
     run = run_program(pilot(**{DP_NODE: "dra"}))
     assert run.named(f"{DP_NODE}-switch").inputs["target"] == "dra"
     assert {f"smoke-{DP_NODE}", f"{DP_NODE}-smoke-verification"} <= run.names()
-    assert f"{DP_NODE}-rollback" not in run.names()
+    assert "check_image" not in run.named(f"{DP_NODE}-switch").inputs
     assert run.named("batch-1-dra-preflight").inputs["dra_nodes"] == [DRA_NODE]
     assert run.named("batch-2-dra-preflight").inputs["dra_nodes"] == [DP_NODE]
 
 
 def test_rollback_keeps_device_class_while_another_node_is_dra():
     run = run_program(pilot(**{DP_NODE: "dra", DRA_NODE: "device-plugin"}))
-    assert {f"{DRA_NODE}-switch", f"{DRA_NODE}-rollback", "device-class"} <= run.names()
+    assert {f"{DRA_NODE}-switch", "device-class"} <= run.names() and run.named(f"{DRA_NODE}-switch").inputs[
+        "check_image"]
     assert f"smoke-{DRA_NODE}" not in run.names()
     assert run.named(f"{DRA_NODE}-switch").inputs["target"] == "device-plugin"
 
 
 def test_last_dra_node_rolled_back_removes_dra_path():
     run = run_program(pilot(**{DRA_NODE: "device-plugin"}))
-    assert {f"{DRA_NODE}-switch", f"{DRA_NODE}-rollback"} <= run.names()
+    assert run.named(f"{DRA_NODE}-switch").inputs["target"] == "device-plugin"
     assert not {"device-class", "dra-driver", "batch-1-dra-preflight"} & run.names()
 
 
@@ -199,7 +204,7 @@ def test_gpu_taints_are_tolerated_by_smoke_pod_rollback_pod_and_kubelet_plugin()
     run = run_program(raw)
     toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     assert toleration in run.named(f"smoke-{DP_NODE}").inputs["spec"]["tolerations"]
-    assert run.named(f"{DRA_NODE}-rollback").inputs["tolerations"] == [toleration]
+    assert run.named(f"{DRA_NODE}-switch").inputs["check_tolerations"] == [toleration]
     assert run.named("dra-driver").inputs["values"]["kubeletPlugin"]["tolerations"] == [toleration]
 
 

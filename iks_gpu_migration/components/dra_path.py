@@ -115,8 +115,7 @@ class DraPath(pulumi.ComponentResource):
             poll_interval=t.poll_interval,
             opts=pulumi.ResourceOptions(
                 parent=self, aliases=WAS_AT_ROOT,
-                depends_on=[self.driver, *filter(None, [self.device_class]), *(n.switch for n in dra_members),
-                            *(n.readiness for n in dra_members)]),
+                depends_on=[self.driver, *filter(None, [self.device_class]), *(n.switch for n in dra_members)]),
         )
         self.preflights.append(preflight)
         for gpu_node in dra_members:

@@ -1,7 +1,7 @@
 """GpuNode: one GPU node's resources for its configured stage, its children shown under it in `pulumi preview`.
 
-Per node: fence -> [beforeReplace hook] -> worker replacement (drain, then replaceWorker) -> path switch -> [rollback
-check] -> operator readiness (then operand placement and pending GPU pods, in the same resource); on `dra` also the smoke pod and its
+Per node: fence -> [beforeReplace hook] -> worker replacement (drain, then replaceWorker) -> path switch, in one
+resource with the [rollback check], operator readiness, operand placement and pending GPU pods; on `dra` also the smoke pod and its
 verification (declared by the DRA path once the batch's preflight exists); [afterVerification hook] last.
 """
 from dataclasses import dataclass
@@ -14,10 +14,8 @@ from ..config import OPERATOR_MIN_VERSION, MigrationConfig, Node
 from ..iks.replacement import WorkerReplacement
 from ..kube import labels as node_labels
 from ..kube.fence import NodeFence
-from ..kube.readiness import OperatorReadiness
-from ..kube.rollback import RollbackVerification
 from ..kube.smoke import SmokeTestVerification
-from ..kube.switch import NodePathSwitch
+from ..kube.switch import NodePathSwitch, Readiness, RollbackCheck
 from . import hooks, smoke_pod
 
 
@@ -37,11 +35,11 @@ class GpuNode(pulumi.ComponentResource):
         super().__init__("gpu-migration:index:GpuNode", node.ident, {"stage": node.stage})
         self.node, self.cfg, self.ctx = node, cfg, ctx
         self.hostname: pulumi.Input[str] = node.name
-        self.fence = self.replacement = self.rollback = self.readiness = None
+        self.fence = self.replacement = None
         self.switch = self.labels = None
         self.smoke_pod = self.verification = None
         self.before_hook = self.after_hook = None
-        # What the next batch waits for (rollout.when_done): the readiness check and, on dra, the smoke
+        # What the next batch waits for (rollout.when_done): the path switch (ending with readiness) and, on dra, the smoke
         # verification, which uncordons the node: the next gate counts a node still cordoned as unavailable.
         self.done_by: list[pulumi.Resource] = []
         # No node is touched, not even fenced, before the inventory found every GPU node listed: nothing half-applied.
@@ -78,9 +76,8 @@ class GpuNode(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, self.fence]),
         )
         self._replace(after, evict)
-        self._switch()
-        self._verify(operator_namespace)
-        self.done_by = [self.readiness]
+        self._switch(operator_namespace)
+        self.done_by = [self.switch]
 
     def _batch_entries(self, evict: Optional[dict[str, Any]]) -> dict[str, str]:
         batch = set(((evict or {}).get("budget") or {}).get("batch") or [self.node.name])
@@ -113,10 +110,24 @@ class GpuNode(pulumi.ComponentResource):
         self.hostname = self.replacement.node_name
         self.hostname.apply(lambda actual: _warn_renamed(node, actual))
 
-    def _switch(self) -> None:
+    def _switch(self, operator_namespace: pulumi.Input[str]) -> None:
         """Device plugin <-> DRA, step by step (never both paths at once); a no-op when the node is already there.
-        Back on the device plugin, a check pod proves the plugin serves the node's GPU (RollbackVerification)."""
+        Back on the device plugin, a check pod proves the plugin serves the node's GPU. Then the node's readiness:
+        operand pods up and GPUs offered on its path; operands start asynchronously after the install, so their
+        placement is checked again; then the GPU pods still Pending (the runbook expects Pending GPU workloads to run
+        once the node's driver is in). One resource (kube/switch.py); the next batch waits for it."""
         node, cfg, t = self.node, self.cfg, self.cfg.timeouts
+        check = RollbackCheck(image=cfg.smoke_test.image, namespace=cfg.smoke_test.namespace, timeout=t.smoke_test,
+                              tolerations=tuple(cfg.tolerations)) if node.stage == "device-plugin" else None
+        readiness = Readiness(
+            operator_namespace=operator_namespace,  # resolves once the operator, its placement check, DRA driver are in
+            timeout=t.operator_ready,
+            operator_min_version=OPERATOR_MIN_VERSION,
+            gpu_resources=sorted({cfg.device_plugin_resource, cfg.extended_resource_name}),
+            pending_gate=cfg.pending_gpu_pods_gate,
+            dra_namespace=cfg.dra_driver.namespace if node.stage == "dra" else None,
+            config_name=node.name,
+        )
         self.switch = NodePathSwitch(
             f"{node.ident}-switch",
             kubeconfig=cfg.kubeconfig,
@@ -129,48 +140,9 @@ class GpuNode(pulumi.ComponentResource):
             drain_timeout=t.drain,
             switch_timeout=t.path_switch,
             poll_interval=t.poll_interval,
+            rollback_check=check,
+            readiness=readiness,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.replacement, *filter(None, [self.before_hook])]),
-        )
-        if node.stage != "device-plugin":
-            return
-        self.rollback = RollbackVerification(
-            f"{node.ident}-rollback",
-            kubeconfig=cfg.kubeconfig,
-            node=self.hostname,
-            rolling_back=self.switch.rolling_back,
-            extended_resource=cfg.device_plugin_resource,  # the check pod must get its GPU from the plugin
-            image=cfg.smoke_test.image,
-            namespace=cfg.smoke_test.namespace,
-            timeout=t.smoke_test,
-            poll_interval=t.poll_interval,
-            tolerations=cfg.tolerations,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.switch]),
-        )
-
-    def _verify(self, operator_namespace: pulumi.Input[str]) -> None:
-        """Operand pods up and GPUs allocatable on the replaced node; operands start asynchronously after the install,
-        so their placement is checked again once this node is ready; then the GPU pods still Pending (the runbook
-        expects Pending GPU workloads to run once the node's driver is in). One resource (kube/readiness.py); the
-        next batch waits for it."""
-        node, cfg, t = self.node, self.cfg, self.cfg.timeouts
-        self.readiness = OperatorReadiness(
-            f"{node.ident}-operator-ready",
-            kubeconfig=cfg.kubeconfig,
-            node=self.hostname,
-            stage=node.stage,
-            namespace=operator_namespace,  # resolves once the operator, its placement check and DRA driver are in
-            driver=cfg.dra_driver_name,
-            device_plugin_resource=cfg.device_plugin_resource,
-            dra_namespace=cfg.dra_driver.namespace if node.stage == "dra" else None,
-            config_name=node.name,
-            operator_min_version=OPERATOR_MIN_VERSION,
-            resources=sorted({cfg.device_plugin_resource, cfg.extended_resource_name}),
-            gate=cfg.pending_gpu_pods_gate,
-            timeout=t.operator_ready,
-            poll_interval=t.poll_interval,
-            opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[self.switch, *filter(None, [self.replacement, self.rollback])]
-            ),
         )
 
     def declare_smoke_test(self, cfg: MigrationConfig, ctx: Context, deps: list[pulumi.Resource]) -> None:
@@ -201,9 +173,9 @@ class GpuNode(pulumi.ComponentResource):
         self.done_by.append(self.verification)
 
     def declare_after_hook(self) -> None:
-        """After everything that verifies this node: its path switch, rollback check, readiness (with operand placement
-        and pending GPU pods), smoke verification."""
-        checks = [r for r in (self.switch, self.readiness, self.rollback, self.verification) if r is not None]
+        """After everything that verifies this node: its path switch (with the rollback check, readiness, operand
+        placement and pending GPU pods) and smoke verification."""
+        checks = [r for r in (self.switch, self.verification) if r is not None]
         self.after_hook = hooks.node_hook(
             "after-verification", self.cfg.hooks.after_verification, self.node, self.hostname,
             self.replacement.new_worker_id, opts=pulumi.ResourceOptions(parent=self, depends_on=checks),

@@ -1,5 +1,7 @@
 """Cordons this program sets and removes. A cordon it sets carries CORDON_ANNOTATION; only such a cordon is undone by
 the program, so a node an admin cordoned stays cordoned."""
+from typing import Optional
+
 from kubernetes import client
 
 
@@ -20,6 +22,11 @@ def cordon(api, node: str, reason: str) -> None:
     if current.spec.unschedulable and not (current.metadata.annotations or {}).get(CORDON_ANNOTATION):
         return  # cordoned by someone else: leave it to them
     core.patch_node(node, {"metadata": {"annotations": {CORDON_ANNOTATION: reason}}, "spec": {"unschedulable": True}})
+
+
+def cordoned_for(api, node: str) -> Optional[str]:
+    """Why this program cordoned `node` (the reason `cordon` recorded), or None."""
+    return (client.CoreV1Api(api).read_node(node).metadata.annotations or {}).get(CORDON_ANNOTATION)
 
 
 def uncordon_if_ours(api, node: str) -> bool:

@@ -1,12 +1,12 @@
-"""OperatorReadiness: a replaced node's GPU Operator operands run and its GPUs are offered on its stage's path; then
-the runbook's two checks after a node (kube/operands.py): no operand on a node that keeps IBM's drivers, and the GPU
-pods still Pending. One resource for the three: each resource costs every state save its whole size, per node."""
+"""A replaced node's readiness: its GPU Operator operands run and its GPUs are offered on its stage's path; then the
+runbook's two checks after a node (kube/operands.py): no operand on a node that keeps IBM's drivers, and the GPU pods
+still Pending. Run by the node's path switch (kube/switch.py), as its last step: each resource costs every state save
+its whole size, per node."""
 from typing import Optional
 
 import pulumi
 from kubernetes import client
 from kubernetes.client import ApiClient
-from pulumi.dynamic import Resource
 
 from .cluster import DRIVER_POD, GPU_RESOURCE, TOOLKIT_POD, _operand, allocatable, devices_per_node, kubelet_plugin_pods, pod_not_ready
 from .operands import check_operand_placement, pending_gpu_pods
@@ -54,26 +54,18 @@ def operator_ready(
     return problems
 
 
-class _OperatorReadinessProvider(_Provider):
-    rerun_on = ("node", "stage", "namespace", "driver", "device_plugin_resource", "dra_namespace", "resources", "gate")
-    # Inputs since the placement and pending checks moved in here. A readiness recorded before ran next to those
-    # checks as resources of their own (deleted by the same `up`): nothing to run again for them.
-    ABSORBED = ("operator_min_version", "resources", "gate")
-
-    def diff(self, _id, olds, news):
-        if "resources" not in olds:
-            olds = {**olds, **{k: news.get(k) for k in self.ABSORBED}}
-        return super().diff(_id, olds, news)
-
-    def run(self, api, p):
-        if p.get("config_name"):  # lets GpuNodeInventory tie a replaced node (new name) to its config entry
-            body = {"metadata": {"annotations": {CONFIG_NAME_ANNOTATION: p["config_name"]}}}
-            client.CoreV1Api(api).patch_node(p["node"], body)
-        resource = p.get("device_plugin_resource") or GPU_RESOURCE
-        check = lambda: operator_ready(api, p["node"], p["namespace"], p["stage"], p.get("driver"), resource,
-                                                   p.get("dra_namespace"))
-        _wait_until_no_problems(f"GPU Operator on node {p['node']} ({p['stage']})", check, p, 1800)
-        return {"ready": True, "pending": after_node(api, p)}
+def check_readiness(api: ApiClient, p: dict) -> dict:
+    """Ties the node to its config entry, waits (bounded) for operator_ready, then after_node. `p`: node, stage,
+    namespace (the GPU Operator's), driver, device_plugin_resource, dra_namespace, config_name, operator_min_version,
+    resources, gate, timeout, poll_interval."""
+    if p.get("config_name"):  # lets GpuNodeInventory tie a replaced node (new name) to its config entry
+        body = {"metadata": {"annotations": {CONFIG_NAME_ANNOTATION: p["config_name"]}}}
+        client.CoreV1Api(api).patch_node(p["node"], body)
+    resource = p.get("device_plugin_resource") or GPU_RESOURCE
+    check = lambda: operator_ready(api, p["node"], p["namespace"], p["stage"], p.get("driver"), resource,
+                                   p.get("dra_namespace"))
+    _wait_until_no_problems(f"GPU Operator on node {p['node']} ({p['stage']})", check, p, 1800)
+    return {"ready": True, "pending": after_node(api, p)}
 
 
 def after_node(api: ApiClient, p: dict) -> list[str]:
@@ -91,35 +83,11 @@ def after_node(api: ApiClient, p: dict) -> list[str]:
     return pending
 
 
-class OperatorReadiness(Resource, module="gpu-migration", name="OperatorReadiness"):
-    """Waits until the node's operand pods run/completed and its GPUs are allocatable on the stage's path; then checks
-    operand placement (with `operator_min_version`) and lists the GPU pods (`resources`) still Pending (`pending`;
-    with `gate`, any stops `up`)."""
+class _OperatorReadinessProvider(_Provider):
+    """Retired: each node's readiness is checked by its path switch now (kube/switch.py NodePathSwitch). Kept so the
+    next `up` of a stack deployed before can delete its `<node>-operator-ready` (the pickled provider names this
+    class; deleting a check changes nothing in the cluster)."""
+    rerun_on = ("node", "stage", "namespace", "driver", "device_plugin_resource", "dra_namespace")
 
-    ready: pulumi.Output[bool]
-    pending: pulumi.Output[list[str]]
-
-    def __init__(
-        self,
-        name: str,
-        kubeconfig: pulumi.Input[Optional[str]],
-        node: pulumi.Input[str],
-        stage: pulumi.Input[str],
-        namespace: pulumi.Input[str],
-        timeout: pulumi.Input[float],
-        poll_interval: pulumi.Input[float],
-        driver: pulumi.Input[Optional[str]] = None,  # dra stage: count only this driver's devices
-        device_plugin_resource: pulumi.Input[Optional[str]] = None,  # device-plugin stage: default nvidia.com/gpu
-        dra_namespace: pulumi.Input[Optional[str]] = None,  # dra stage: the DRA kubelet plugin pod must be Ready
-        config_name: Optional[str] = None,  # the node's name in gpu-migration:nodes, recorded on the node
-        operator_min_version: Optional[str] = None,  # operand placement: nodes below it keep IBM's drivers
-        resources: Optional[list[str]] = None,  # GPU resources whose Pending pods are listed after the node
-        gate: bool = False,  # pendingGpuPodsGate: a Pending GPU pod stops `up`
-        opts: Optional[pulumi.ResourceOptions] = None,
-    ):
-        props = dict(kubeconfig=kubeconfig, node=node, stage=stage, namespace=namespace, driver=driver,
-                     device_plugin_resource=device_plugin_resource, dra_namespace=dra_namespace,
-                     config_name=config_name, operator_min_version=operator_min_version,
-                     resources=resources or [], gate=gate, timeout=timeout,
-                     poll_interval=poll_interval, ready=None, pending=None)
-        super().__init__(_OperatorReadinessProvider(), name, props, opts)
+    def run(self, api, p):
+        return check_readiness(api, p)

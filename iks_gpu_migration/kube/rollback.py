@@ -1,5 +1,6 @@
-"""RollbackVerification (dra -> device-plugin): after the path switch, a check pod proves the device plugin serves the
-node's GPU, then the node is uncordoned. NodeDrain is the superseded rollback drain, kept for stacks that hold one."""
+"""The rollback check (dra -> device-plugin): after the path switch, a check pod proves the device plugin serves the
+node's GPU, then the node is uncordoned (verify_rollback, run by kube/switch.py NodePathSwitch). NodeDrain is the
+superseded rollback drain, kept for stacks that hold one."""
 import math
 from typing import Any, Optional, Sequence
 
@@ -123,90 +124,74 @@ def rollback_problems(api, pod, node: str) -> tuple[list[str], str]:
     return problems, ",".join(uuids)
 
 
+def verify_rollback(api, p: dict[str, Any]) -> dict[str, str]:
+    """After a switch back to the device plugin (`rolling_back`): device-plugin GPUs allocatable, a check pod passes,
+    the node uncordoned and the result recorded on it. `p`: node, rolling_back, extended_resource (the device plugin's
+    resource), image, namespace, command, tolerations, timeout, poll_interval."""
+    if not p.get("rolling_back"):
+        return {"gpu_uuid": "", "result": "not rolling back"}
+    node = p["node"]
+    try:
+        gpu_uuid = _run_check_pod(api, p)
+    except (CheckFailed, WaitTimeout) as e:
+        note = _record(api, node, {"path": "device-plugin", "result": "failed", "problems": [str(e)]})
+        raise CheckFailed(
+            f"rollback of node {node} to the device plugin failed: {e}\n"
+            f"node {node} is left cordoned; fix the cause and run `pulumi up` again "
+            f"(or `kubectl uncordon {node}` to accept it as is)" + (f"\n{note}" if note else "")
+        ) from None
+    try:
+        _set_unschedulable(api, node, False)
+        client.CoreV1Api(api).patch_node(node, {"metadata": {"annotations": {CORDON_ANNOTATION: None}}})
+    except Exception as e:
+        raise CheckFailed(f"rollback of node {node} to the device plugin passed (GPU {gpu_uuid}), but uncordoning "
+                          f"it failed: {_short(e)}\nrun `kubectl uncordon {node}` or `pulumi up` again") from e
+    _record(api, node, {"path": "device-plugin", "result": "passed", "gpu": gpu_uuid})
+    return {"gpu_uuid": gpu_uuid, "result": f"passed: device-plugin GPU {gpu_uuid}; node {node} uncordoned"}
+
+
 class _RollbackVerificationProvider(_Provider):
+    """Retired as a resource of its own: the path switch runs verify_rollback (kube/switch.py NodePathSwitch). Kept so
+    the next `up` of a stack deployed before can delete its `<node>-rollback` (the pickled provider names this class)."""
     rerun_on = ("node", "rolling_back", "extended_resource", "image", "namespace", "command")
 
     def run(self, api, p):
-        if not p.get("rolling_back"):
-            return {"gpu_uuid": "", "result": "not rolling back"}
-        node = p["node"]
-        try:
-            gpu_uuid = self._verify(api, p)
-        except (CheckFailed, WaitTimeout) as e:
-            note = _record(api, node, {"path": "device-plugin", "result": "failed", "problems": [str(e)]})
-            raise CheckFailed(
-                f"rollback of node {node} to the device plugin failed: {e}\n"
-                f"node {node} is left cordoned; fix the cause and run `pulumi up` again "
-                f"(or `kubectl uncordon {node}` to accept it as is)" + (f"\n{note}" if note else "")
-            ) from None
-        try:
-            _set_unschedulable(api, node, False)
-            client.CoreV1Api(api).patch_node(node, {"metadata": {"annotations": {CORDON_ANNOTATION: None}}})
-        except Exception as e:
-            raise CheckFailed(f"rollback of node {node} to the device plugin passed (GPU {gpu_uuid}), but uncordoning "
-                              f"it failed: {_short(e)}\nrun `kubectl uncordon {node}` or `pulumi up` again") from e
-        _record(api, node, {"path": "device-plugin", "result": "passed", "gpu": gpu_uuid})
-        return {"gpu_uuid": gpu_uuid, "result": f"passed: device-plugin GPU {gpu_uuid}; node {node} uncordoned"}
+        return verify_rollback(api, p)
 
-    def _verify(self, api, p) -> str:
-        core, node, ns, resource = client.CoreV1Api(api), p["node"], p["namespace"], p["extended_resource"]
 
-        def allocatable():
-            count = cluster.allocatable(core.read_node(node), resource)
-            return count > 0, count, f"{resource} allocatable {count}"
+def _run_check_pod(api, p: dict[str, Any]) -> str:
+    """The check pod on the device-plugin path: the GPU UUID it printed, or CheckFailed."""
+    core, node, ns, resource = client.CoreV1Api(api), p["node"], p["namespace"], p["extended_resource"]
 
-        wait_for(f"device plugin to offer {resource} on node {node}", allocatable, **_timing(p, 600))
-        try:
-            # Labelled as the smoke namespace the DRA path declares (components/smoke_pod.py).
-            core.create_namespace({"metadata": {"name": ns, "labels": dict(pod_security.NAMESPACE_LABELS)}})
-        except ApiException as e:
-            if e.status not in (403, 409):  # exists, or we may not create namespaces (then the pod create says so)
-                raise
-        _delete_rollback_pods(core, ns, node)  # left by an earlier run that was killed
-        timing = _timing(p, 600)
-        body = rollback_pod(node, resource, p["image"], p.get("command") or ROLLBACK_COMMAND, timing["timeout"],
-                            p.get("tolerations") or [])
-        name = core.create_namespaced_pod(ns, body).metadata.name
-        try:
-            pod = _wait_for_pod_end(api, ns, name, None, p, 600)
-            problems, gpu_uuid = rollback_problems(api, pod, node)
-        except BaseException:  # failure, KeyboardInterrupt or shutdown: delete the pod, keep the original error
-            _delete_pod_quietly(core, ns, name)
+    def allocatable():
+        count = cluster.allocatable(core.read_node(node), resource)
+        return count > 0, count, f"{resource} allocatable {count}"
+
+    wait_for(f"device plugin to offer {resource} on node {node}", allocatable, **_timing(p, 600))
+    try:
+        # Labelled as the smoke namespace the DRA path declares (components/smoke_pod.py).
+        core.create_namespace({"metadata": {"name": ns, "labels": dict(pod_security.NAMESPACE_LABELS)}})
+    except ApiException as e:
+        if e.status not in (403, 409):  # exists, or we may not create namespaces (then the pod create says so)
             raise
+    _delete_rollback_pods(core, ns, node)  # left by an earlier run that was killed
+    timing = _timing(p, 600)
+    body = rollback_pod(node, resource, p["image"], p.get("command") or ROLLBACK_COMMAND, timing["timeout"],
+                        p.get("tolerations") or [])
+    name = core.create_namespaced_pod(ns, body).metadata.name
+    try:
+        pod = _wait_for_pod_end(api, ns, name, None, p, 600)
+        problems, gpu_uuid = rollback_problems(api, pod, node)
+    except BaseException:  # failure, KeyboardInterrupt or shutdown: delete the pod, keep the original error
         _delete_pod_quietly(core, ns, name)
-        if problems:
-            raise CheckFailed(_bullets(problems))
-        return gpu_uuid
+        raise
+    _delete_pod_quietly(core, ns, name)
+    if problems:
+        raise CheckFailed(_bullets(problems))
+    return gpu_uuid
 
 
 def _delete_rollback_pods(core, namespace: str, node: str) -> None:
     for pod in core.list_namespaced_pod(namespace, label_selector=rollback_selector(node)).items:
         pulumi.log.info(f"deleting check pod {namespace}/{pod.metadata.name} left by an interrupted run")
         _delete_pod_quietly(core, namespace, pod.metadata.name)
-
-
-class RollbackVerification(Resource, module="gpu-migration", name="RollbackVerification"):
-    """After the labels switched back: device-plugin GPUs allocatable, a smoke pod passes, then uncordon."""
-
-    gpu_uuid: pulumi.Output[str]
-    result: pulumi.Output[str]
-
-    def __init__(
-        self,
-        name: str,
-        kubeconfig: pulumi.Input[Optional[str]],
-        node: pulumi.Input[str],
-        rolling_back: pulumi.Input[bool],
-        extended_resource: pulumi.Input[str],
-        image: pulumi.Input[str],
-        namespace: pulumi.Input[str],
-        timeout: pulumi.Input[float],
-        poll_interval: pulumi.Input[float],
-        command: Optional[pulumi.Input[Sequence[str]]] = None,  # default: nvidia-smi -L
-        tolerations: Optional[Sequence[dict]] = None,  # the GPU nodes' taints
-        opts: Optional[pulumi.ResourceOptions] = None,
-    ):
-        props = dict(kubeconfig=kubeconfig, node=node, rolling_back=rolling_back, extended_resource=extended_resource,
-                     image=image, namespace=namespace, command=command, tolerations=list(tolerations or []),
-                     timeout=timeout, poll_interval=poll_interval, gpu_uuid=None, result=None)
-        super().__init__(_RollbackVerificationProvider(), name, props, opts)

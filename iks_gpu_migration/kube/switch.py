@@ -17,7 +17,8 @@ then runs a check pod on the device-plugin path and uncordons.
 Only the standard Kubernetes API is used (kubernetes client), so this runs unchanged against a real API server. Each
 step is idempotent: an interrupted switch resumes from the node's labels on the next `pulumi up`.
 """
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
 import pulumi
 from kubernetes import client
@@ -25,9 +26,11 @@ from pulumi.dynamic import DiffResult, ReadResult, Resource
 
 from ..common.waiting import WaitTimeout, wait_for
 from . import cluster
-from .cordon import cordon, uncordon_if_ours
+from .cordon import cordon, cordoned_for, uncordon_if_ours
 from .labels import DEVICE_PLUGIN_LABEL
 from .provider import CheckFailed, _client, _Provider, _short, _timing
+from .readiness import check_readiness
+from .rollback import verify_rollback
 from .refusals import explained
 
 
@@ -107,6 +110,10 @@ def rollback(api, p: dict[str, Any]) -> bool:
     key = p["pilot_label"].partition("=")[0]
     labels = labels_of(api, node)
     if key not in labels and labels.get(DEVICE_PLUGIN_LABEL) != "false":
+        if cordoned_for(api, node) == "device-plugin":
+            # A rollback got the labels back and was cut short before its check (the check uncordons): resume there.
+            pulumi.log.info(f"node {node}: back on the device plugin, cordoned by an unfinished rollback; checking it")
+            return True
         # Never left the device-plugin path (e.g. a forward switch that timed out waiting for GPU pods and was then
         # called off): only the cordon it left behind has to go.
         if uncordon_if_ours(api, node):
@@ -167,7 +174,15 @@ def observed_path(labels: dict[str, str], pilot_label: str) -> str:
 
 
 class _NodePathSwitchProvider(_Provider):
-    rerun_on = ("node", "target", "pilot_label", "device_plugin_resource", "extended_resource", "driver")
+    # What the node's path or readiness depends on; the rollback check's pod settings only matter while a rollback
+    # runs, so a new smoke image does not run every device-plugin node's checks again.
+    rerun_on = ("node", "target", "pilot_label", "device_plugin_resource", "extended_resource", "driver",
+                "operator_namespace", "dra_namespace", "gpu_resources", "pending_gate")
+    # Inputs since the rollback check and the readiness check moved in here (they were resources of their own: a
+    # switch recorded before ran next to them, and the same `up` deletes them): nothing to run again for them.
+    ABSORBED = ("check_image", "check_namespace", "check_command", "check_tolerations", "check_timeout",
+                "operator_namespace", "dra_namespace", "config_name", "operator_min_version", "gpu_resources",
+                "pending_gate", "ready_timeout")
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         """`pulumi refresh`: the path the node's labels show now (someone may have removed the pilot label or turned
@@ -184,6 +199,8 @@ class _NodePathSwitchProvider(_Provider):
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         """As a check, plus: a refresh that saw the node off its target path runs the switch again (it repairs the
         labels step by step, as on the way there)."""
+        if "ready_timeout" not in olds:
+            olds = {**olds, **{k: news.get(k) for k in self.ABSORBED}}
         result = super().diff(id_, olds, news)
         seen = olds.get("observed_path")
         if seen and seen != news.get("target"):
@@ -194,15 +211,69 @@ class _NodePathSwitchProvider(_Provider):
     def run(self, api, p):
         wait_registered(api, p)
         if p["target"] == "dra":
-            return {"switched": forward(api, p), "rolling_back": False}
-        return {"switched": False, "rolling_back": rollback(api, p)}
+            outs = {"switched": forward(api, p), "rolling_back": False}
+        else:
+            outs = {"switched": False, "rolling_back": rollback(api, p)}
+        if p.get("check_image"):  # device-plugin: a rollback is proven by a check pod (kube/rollback.py)
+            outs.update(verify_rollback(api, rollback_check(p, outs["rolling_back"])))
+        if p.get("operator_namespace"):
+            outs.update(check_readiness(api, readiness_check(p)))
+        return outs
+
+
+def rollback_check(p: dict[str, Any], rolling_back: bool) -> dict[str, Any]:
+    """verify_rollback's settings from the switch's: the check pod asks for the device plugin's resource."""
+    return {"kubeconfig": p.get("kubeconfig"), "node": p["node"], "rolling_back": rolling_back,
+            "extended_resource": p["device_plugin_resource"], "image": p["check_image"],
+            "namespace": p["check_namespace"], "command": p.get("check_command"),
+            "tolerations": p.get("check_tolerations") or [], "timeout": p.get("check_timeout"),
+            "poll_interval": p.get("poll_interval")}
+
+
+def readiness_check(p: dict[str, Any]) -> dict[str, Any]:
+    """check_readiness's settings from the switch's."""
+    return {"node": p["node"], "stage": p["target"], "namespace": p["operator_namespace"], "driver": p.get("driver"),
+            "device_plugin_resource": p.get("device_plugin_resource"), "dra_namespace": p.get("dra_namespace"),
+            "config_name": p.get("config_name"), "operator_min_version": p.get("operator_min_version"),
+            "resources": p.get("gpu_resources") or [], "gate": p.get("pending_gate"),
+            "timeout": p.get("ready_timeout"), "poll_interval": p.get("poll_interval")}
+
+
+@dataclass(frozen=True)
+class RollbackCheck:
+    """The check pod that proves a rollback (device-plugin stage; kube/rollback.py verify_rollback)."""
+    image: str
+    namespace: str
+    timeout: float
+    command: Optional[Sequence[str]] = None  # default: nvidia-smi -L
+    tolerations: Sequence[dict] = ()  # the GPU nodes' taints
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """What the node must show once on its path (kube/readiness.py check_readiness)."""
+    operator_namespace: pulumi.Input[str]  # resolves once the operator, its placement check and DRA driver are in
+    timeout: float
+    operator_min_version: str  # operand placement: nodes below it keep IBM's drivers
+    gpu_resources: Sequence[str]  # GPU resources whose Pending pods are listed after the node
+    pending_gate: bool = False  # pendingGpuPodsGate: a Pending GPU pod stops `up`
+    dra_namespace: Optional[str] = None  # dra stage: the DRA kubelet plugin pod must be Ready
+    config_name: Optional[str] = None  # the node's name in gpu-migration:nodes, recorded on the node
 
 
 class NodePathSwitch(Resource, module="gpu-migration", name="NodePathSwitch"):
-    """Moves the node to `target` ("dra" or "device-plugin") step by step; a no-op if it is already there."""
+    """Moves the node to `target` ("dra" or "device-plugin") step by step (a no-op if it is already there); with
+    `rollback_check`, proves a rollback to the device plugin with a check pod and uncordons; with `readiness`, waits
+    until the node's operands run and its GPUs are offered on its path, then checks operand placement and lists the
+    GPU pods still Pending. One resource for the node's steps after its replacement: each resource costs every state
+    save its whole size (docs/fleet-scale.md)."""
 
     switched: pulumi.Output[bool]  # forward switch done by this run (the smoke test then uncordons)
-    rolling_back: pulumi.Output[bool]  # rollback done by this run (RollbackVerification then checks and uncordons)
+    rolling_back: pulumi.Output[bool]  # rollback done by this run (its check then uncordoned the node)
+    gpu_uuid: pulumi.Output[str]  # the GPU the rollback check pod got ("" without a rollback)
+    result: pulumi.Output[str]  # the rollback check's result
+    ready: pulumi.Output[bool]
+    pending: pulumi.Output[list[str]]  # GPU pods still Pending after the node
 
     def __init__(
         self,
@@ -217,10 +288,22 @@ class NodePathSwitch(Resource, module="gpu-migration", name="NodePathSwitch"):
         drain_timeout: float,
         switch_timeout: float,
         poll_interval: float,
+        rollback_check: Optional[RollbackCheck] = None,
+        readiness: Optional[Readiness] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
     ):
         props = dict(kubeconfig=kubeconfig, node=node, target=target, pilot_label=pilot_label,
                      device_plugin_resource=device_plugin_resource, extended_resource=extended_resource,
                      driver=driver, drain_timeout=drain_timeout, switch_timeout=switch_timeout,
                      poll_interval=poll_interval, switched=None, rolling_back=None)
+        if rollback_check is not None:
+            props.update(check_image=rollback_check.image, check_namespace=rollback_check.namespace,
+                         check_command=list(rollback_check.command) if rollback_check.command else None,
+                         check_tolerations=list(rollback_check.tolerations), check_timeout=rollback_check.timeout,
+                         gpu_uuid=None, result=None)
+        if readiness is not None:
+            props.update(operator_namespace=readiness.operator_namespace, dra_namespace=readiness.dra_namespace,
+                         config_name=readiness.config_name, operator_min_version=readiness.operator_min_version,
+                         gpu_resources=list(readiness.gpu_resources), pending_gate=readiness.pending_gate,
+                         ready_timeout=readiness.timeout, ready=None, pending=None)
         super().__init__(_NodePathSwitchProvider(), name, props, opts)

@@ -78,7 +78,7 @@ def test_kube_version_bump_replaces_each_migrated_worker_once_from_state(env):
     assert replace_calls(env)[before:] == [migrated[A], migrated[B]]  # current IDs, once each, in order
     assert len(set(replace_calls(env))) == len(replace_calls(env))  # no worker was ever replaced twice
     # One node at a time: B's gate re-ran (kubeVersion changed) after A's last check, and B's worker went after it.
-    assert events.index(f"{A}-operator-ready", "done") < events.index("batch-2-gate", "pre") \
+    assert events.index(f"{A}-switch", "done") < events.index("batch-2-gate", "pre") \
         < events.index(f"{B}-replacement", "pre")
     assert events.index("batch-1-gate", "done") < events.index(f"{A}-replacement", "pre")
     for gate in ("batch-1-gate", "batch-2-gate"):  # each gate counted capacity again, not just its old record

@@ -26,7 +26,7 @@ def test_fresh_up_to_one_dra_node(env):
     # The fences came before the operator; replacements ran one at a time (B's after A's readiness).
     assert events.index(f"{A}-fence", "done") < events.index("gpu-operator", "pre")
     assert events.index(f"{B}-fence", "done") < events.index("gpu-operator", "pre")
-    assert events.index(f"{A}-operator-ready", "done") < events.index(f"{B}-replacement", "pre")
+    assert events.index(f"{A}-switch", "done") < events.index(f"{B}-replacement", "pre")  # with its readiness
 
     new_a, new_b = new_name(result, A), new_name(result, B)
     assert new_a not in (A, B, C)

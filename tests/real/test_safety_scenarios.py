@@ -273,7 +273,7 @@ def test_rollback_of_the_last_dra_node_goes_step_by_step_and_removes_the_dra_pat
 
     # The check pod got its GPU from the returning device plugin and was deleted; the record says so.
     state = resources(env.project.stack())
-    assert state[f"{A}-rollback"]["outputs"]["gpu_uuid"] == gpu_uuid(new_a, 0)
+    assert state[f"{A}-switch"]["outputs"]["gpu_uuid"] == gpu_uuid(new_a, 0)  # its rollback check's GPU
     assert state[f"{A}-switch"]["outputs"]["rolling_back"] is True
     assert state[f"{B}-switch"]["outputs"]["rolling_back"] is False
     assert env.core.list_namespaced_pod("gpu-pilot").items == []
@@ -291,7 +291,7 @@ def test_rollback_of_the_last_dra_node_goes_step_by_step_and_removes_the_dra_pat
     removed = {"dra-driver", "device-class", f"smoke-{A}", f"{A}-smoke-verification", "batch-1-dra-preflight"}
     deleted = {name: i for i, (op, name, kind) in enumerate(events.steps) if op == "delete" and kind == "pre"}
     assert removed <= set(deleted), deleted
-    assert min(deleted[n] for n in removed) > events.index(f"{A}-rollback", "done")
+    assert min(deleted[n] for n in removed) > events.index(f"{A}-switch", "done")
     assert removed.isdisjoint(state)
     classes = env.cluster.doubles.custom.list_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses")["items"]
     assert [c["metadata"]["name"] for c in classes if c["spec"].get("extendedResourceName")] == []

@@ -139,10 +139,11 @@ def refresh_and_preview(env, stack, released: dict) -> None:
     # Each smoke pod gained its Pod Security settings (kube/pod_security.py), which a Pod can't change in place: it is
     # replaced and its smoke test runs again (its verification follows the new pod's uid); the smoke namespace gains
     # its Pod Security labels in place.
-    # Each node's operand placement and pending GPU pods checks are now part of its readiness check (kube/readiness.py):
-    # they go, and the readiness, whose check ran next to them, stays as it is.
-    upgraded = {f"smoke-{A}": "+-", f"{A}-smoke-verification": "+-", "smoke-namespace": "~",
-                **{f"{n}-{check}": "-" for n in (A, B) for check in ("operand-placement", "pending-gpu-pods")}}
+    # Each node's rollback check, readiness, operand placement and pending GPU pods are now steps of its path switch
+    # (kube/switch.py): those resources go, and the switch, whose checks ran as them, stays as it is.
+    upgraded = {f"smoke-{A}": "+-", f"{A}-smoke-verification": "+-", "smoke-namespace": "~", f"{B}-rollback": "-",
+                **{f"{n}-{check}": "-" for n in (A, B)
+                   for check in ("operator-ready", "operand-placement", "pending-gpu-pods")}}
     assert meaningful(changes) == {**NEW_COMPONENTS, **upgraded}, (
         f"preview after refresh plans {meaningful(changes)}:\n" + "\n".join(shown))
     assert set(changes) <= EVERY_UP_CHECKS | set(NEW_COMPONENTS) | set(upgraded), changes
@@ -162,8 +163,9 @@ def update_and_delete(env, stack, released: dict) -> tuple[dict, dict]:
     for op, name, kind in events.steps:
         if kind == "pre":
             ops.setdefault(name, set()).add(op)
-    # Deleted (their Delete unpickles the release's __provider from the state): the rollback check, and the
-    # originals of what B's new stage replaces (switch, readiness: delete before replace; the batch gate).
+    # Deleted (their Delete unpickles the release's __provider from the state): the rollback check and readiness
+    # (steps of the switch now), and the originals of what B's new stage replaces (the switch: delete before
+    # replace; the batch gate).
     deleted = {n for n, o in ops.items() if o & {"delete", "delete-replaced"}}
     assert {f"{B}-rollback", f"{B}-switch", f"{B}-operator-ready", "batch-2-gate"} <= deleted, ops
     assert deleted - {f"smoke-{A}"} <= set(released), deleted - set(released)  # A's smoke pod: replaced (above)
