@@ -9,7 +9,6 @@ from iks_gpu_migration.kube.provider import CheckFailed
 from tests.envtest import eventually
 from tests.gpu_node import DEVICE_PLUGIN_LABEL, GpuNode
 from iks_gpu_migration.kube.cordon import CORDON_ANNOTATION, uncordon_if_ours
-from iks_gpu_migration.kube.rollback import _RollbackVerificationProvider
 from iks_gpu_migration.kube.switch import _NodePathSwitchProvider
 from iks_gpu_migration.kube import cluster
 
@@ -162,32 +161,6 @@ def test_switch_leaves_a_node_cordoned_by_someone_else_alone(kube, kubeconfig, n
     assert kube.unschedulable(n1) is True
 
 
-def test_rollback_verification_uncordons_after_the_check_pod(kube, kubeconfig, node, n1):
-    patch_labels(kubeconfig, n1, {PILOT[0]: PILOT[1], DEVICE_PLUGIN_LABEL: "false"})
-    settled(kube, (False, "false", PILOT[1], "0", True))
-    assert switch(kubeconfig, n1, "device-plugin")["rolling_back"] is True
-    pilot_ns = kube.name("gpu-pilot")  # the check creates it
-
-    def run(pod):  # the scheduler binds the check pod, it prints the GPU and ends
-        name = pod["metadata"]["name"]
-        kube.bind(pilot_ns, name, n1)
-        kube.set_log(pilot_ns, name, f"GPU 0: NVIDIA L4 (UUID: {UUID0})\n", container=pod["spec"]["containers"][0]["name"])
-        kube.set_pod_status(pilot_ns, name, {"phase": "Succeeded", "containerStatuses": [
-            kube.container_status(ready=False, exit_code=0)]})
-
-    kube.on_pod_create(pilot_ns, run)
-    outs = _RollbackVerificationProvider().create(dict(
-        kubeconfig=kubeconfig, node=n1, rolling_back=True, extended_resource=GPU, image="cuda", namespace=pilot_ns,
-        tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}], timeout=2, poll_interval=0.02)).outs
-    assert outs["gpu_uuid"] == UUID0
-    assert kube.unschedulable(n1) is False
-    assert CORDON_ANNOTATION not in kube.annotations(n1)
-    assert node.violations == []
-    # The namespace the check made enforces Pod Security restricted, and the API server admitted the check pod there.
-    labels = kube.core.read_namespace(pilot_ns).metadata.labels
-    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
-
-
 def run_check_pods(kube, namespace, node):
     """Plays the scheduler and kubelet for check pods: bound to `node`, print the GPU, end."""
     def run(pod):
@@ -202,13 +175,19 @@ def run_check_pods(kube, namespace, node):
 def test_switch_with_its_rollback_check_rolls_back_checks_and_uncordons(kube, kubeconfig, node, n1):
     patch_labels(kubeconfig, n1, {PILOT[0]: PILOT[1], DEVICE_PLUGIN_LABEL: "false"})
     settled(kube, (False, "false", PILOT[1], "0", True))
-    pilot_ns = kube.name("gpu-pilot")
+    pilot_ns = kube.name("gpu-pilot")  # the check creates it
     run_check_pods(kube, pilot_ns, n1)
-    outs = switch(kubeconfig, n1, "device-plugin", check_image="cuda", check_namespace=pilot_ns, check_timeout=2)
+    check = dict(check_image="cuda", check_namespace=pilot_ns, check_timeout=2,
+                 check_tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}])
+    outs = switch(kubeconfig, n1, "device-plugin", **check)
     assert (outs["rolling_back"], outs["gpu_uuid"]) == (True, UUID0)
-    assert _state(kube) == (False, "true", None, "1", False) and node.violations == []
+    assert _state(kube) == (False, "true", None, "1", False) and CORDON_ANNOTATION not in kube.annotations(n1)
+    assert node.violations == []
+    # The namespace the check made enforces Pod Security restricted, and the API server admitted the check pod there.
+    labels = kube.core.read_namespace(pilot_ns).metadata.labels
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
     # Once there, the switch and its check have nothing to do.
-    outs = switch(kubeconfig, n1, "device-plugin", check_image="cuda", check_namespace=pilot_ns, check_timeout=2)
+    outs = switch(kubeconfig, n1, "device-plugin", **check)
     assert (outs["rolling_back"], outs["result"]) == (False, "not rolling back")
 
 
