@@ -13,7 +13,9 @@ def code_version(repo: pathlib.Path) -> str:
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True).stdout.strip()
     head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    # The recorded results themselves (benchmarks/*.json) change with every row: not a change of the code.
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/*.json")
+    return head + ("+changes" if changed else "")
 
 
 def record(out: pathlib.Path, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
