@@ -6,7 +6,7 @@ Reads `gpu-migration:*` from Pulumi.<stack>.yaml and the stack outputs (`pulumi 
 to find each node under its real name after replacement (output node:<key or name>.nodeName, so the config never has
 to be renamed), then shows per node: worker ID and kubelet version, the
 configured stage and how far the node is through it, whether it is cordoned, and the last verification recorded on it
-by SmokeTestVerification or RollbackVerification (annotation migration.example.com/gpu-verification); then the
+by SmokeTestVerification or the switch's rollback check (annotation migration.example.com/gpu-verification); then the
 migration plan (batches, budget: iks_gpu_migration.plan).
 Every failure is one line on stderr naming what to fix; exit code 1.
 """

@@ -1,8 +1,9 @@
 """GpuNode: one GPU node's resources for its configured stage, its children shown under it in `pulumi preview`.
 
 Per node: fence -> [beforeReplace hook] -> worker replacement (drain, then replaceWorker) -> path switch, in one
-resource with the [rollback check], operator readiness, operand placement and pending GPU pods; on `dra` also the smoke pod and its
-verification (declared by the DRA path once the batch's preflight exists); [afterVerification hook] last.
+resource with the [rollback check], operator readiness, operand placement and pending GPU pods; on `dra` also the
+smoke pod and its verification (declared by the DRA path once the batch's preflight exists); [afterVerification hook]
+last.
 """
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -39,8 +40,8 @@ class GpuNode(pulumi.ComponentResource):
         self.switch = self.labels = None
         self.smoke_pod = self.verification = None
         self.before_hook = self.after_hook = None
-        # What the next batch waits for (rollout.when_done): the path switch (ending with readiness) and, on dra, the smoke
-        # verification, which uncordons the node: the next gate counts a node still cordoned as unavailable.
+        # What the next batch waits for (rollout.when_done): the path switch (ending with readiness) and, on dra, the
+        # smoke verification, which uncordons the node: the next gate counts a node still cordoned as unavailable.
         self.done_by: list[pulumi.Resource] = []
         # No node is touched, not even fenced, before the inventory found every GPU node listed: nothing half-applied.
         # ibm-managed: the fence refuses a node already replaced (no IBM drivers) or missing, then sets both runbook

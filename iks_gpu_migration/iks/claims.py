@@ -91,8 +91,8 @@ def recorded_by_other_entries(props: dict[str, Any]) -> dict[str, str]:
 
 
 def record_entry(props: dict[str, Any], node: Optional[str]) -> None:
-    """Write this replacement's config entry on its new worker's node (CONFIG_NAME_ANNOTATION, as OperatorReadiness
-    does later) the moment the replacement ends: a batch-mate resumed after a kill that came before this node's
+    """Write this replacement's config entry on its new worker's node (CONFIG_NAME_ANNOTATION, as the switch's readiness
+    step does later) the moment the replacement ends: a batch-mate resumed after a kill that came before this node's
     readiness step then counts this worker as taken (pair_new_workers), never as new. Needs the kubeconfig of the
     eviction settings; a failure only warns (the readiness step writes it again)."""
     evict, entry = props.get("evict"), props.get("node_name")

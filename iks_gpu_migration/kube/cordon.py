@@ -30,8 +30,8 @@ def cordoned_for(api, node: str) -> Optional[str]:
 
 
 def uncordon_if_ours(api, node: str) -> bool:
-    core = client.CoreV1Api(api)
-    if not (core.read_node(node).metadata.annotations or {}).get(CORDON_ANNOTATION):
+    if not cordoned_for(api, node):
         return False
-    core.patch_node(node, {"metadata": {"annotations": {CORDON_ANNOTATION: None}}, "spec": {"unschedulable": None}})
+    client.CoreV1Api(api).patch_node(node, {"metadata": {"annotations": {CORDON_ANNOTATION: None}},
+                                            "spec": {"unschedulable": None}})
     return True

@@ -60,7 +60,7 @@ def inventory(
     """Compares the cluster's GPU nodes with gpu-migration:nodes (`configured`: name -> stage, `worker_ids`: worker
     ID -> config name); `seen`: the pool and zone of each entry's node as earlier runs found them.
 
-    Every GPU node must belong to an entry (by name, IKS worker ID, or the annotation OperatorReadiness sets on a
+    Every GPU node must belong to an entry (by name, IKS worker ID, or the annotation the readiness step sets on a
     replaced node), and every entry must have a node. Two cases are explained by a replacement this program started
     and an interruption cut short, and so only warn: an entry past `ibm-managed` whose node an earlier run saw but is
     gone now (its worker is being replaced), paired one-to-one with an unlisted GPU node at or past
@@ -131,7 +131,7 @@ def inventory(
 
 
 def workers_of_other_entries(api: ApiClient, own: Optional[str]) -> dict[str, str]:
-    """Worker ID -> config entry, for every node that OperatorReadiness tied to an entry other than `own`
+    """Worker ID -> config entry, for every node that the readiness step tied to an entry other than `own`
     (CONFIG_NAME_ANNOTATION, on the node IKS labels with its worker ID). Durable across provider processes, so a
     replacement resumed by a later `pulumi up` never follows a worker another entry already recorded."""
     out: dict[str, str] = {}

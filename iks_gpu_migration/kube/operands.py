@@ -76,8 +76,8 @@ class OperandPlacement(Resource, module="gpu-migration", name="OperandPlacement"
 
 
 class _PendingGpuPodsProvider(_Provider):
-    """Retired: each node's `<node>-pending-gpu-pods` is now part of its OperatorReadiness (kube/readiness.py). Kept
-    so that the next `up` of a stack deployed before can delete those resources (their pickled provider names this
+    """Retired: each node's `<node>-pending-gpu-pods` is now a step of its path switch (kube/switch.py). Kept so
+    that the next `up` of a stack deployed before can delete those resources (their pickled provider names this
     class; deleting a check changes nothing)."""
 
     def run(self, api, p):

@@ -38,7 +38,7 @@ def _last_record(api, node: str) -> dict[str, Any]:
         return {}
 
 
-# Set by OperatorReadiness on a replaced node: the config entry it belongs to (its name may differ).
+# Set by the switch's readiness step (kube/readiness.py) on a replaced node: the config entry it belongs to (its name may differ).
 CONFIG_NAME_ANNOTATION = "migration.example.com/gpu-node"
 
 

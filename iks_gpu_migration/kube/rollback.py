@@ -152,7 +152,8 @@ def verify_rollback(api, p: dict[str, Any]) -> dict[str, str]:
 
 class _RollbackVerificationProvider(_Provider):
     """Retired as a resource of its own: the path switch runs verify_rollback (kube/switch.py NodePathSwitch). Kept so
-    the next `up` of a stack deployed before can delete its `<node>-rollback` (the pickled provider names this class)."""
+    the next `up` of a stack deployed before can delete its `<node>-rollback` (the pickled provider names this
+    class)."""
     rerun_on = ("node", "rolling_back", "extended_resource", "image", "namespace", "command")
 
     def run(self, api, p):

@@ -11,8 +11,8 @@ resource is 0; only then add the pilot label. The smoke test verification uncord
 Rollback (dra -> device-plugin): cordon; wait until GPU pods finished; remove the pilot label; wait until the node's
 ResourceSlices of the driver are gone (the kubelet wipes them ~30 s after the plugin unregisters,
 pkg/kubelet/cm/dra); set nvidia.com/gpu.deploy.device-plugin=true explicitly (the GPU Operator re-adds a removed
-label only on a reconcile triggered by other label changes, controllers/state_manager.go). RollbackVerification
-then runs a check pod on the device-plugin path and uncordons.
+label only on a reconcile triggered by other label changes, controllers/state_manager.go). The rollback check
+(kube/rollback.py verify_rollback) then runs a check pod on the device-plugin path and uncordons.
 
 Only the standard Kubernetes API is used (kubernetes client), so this runs unchanged against a real API server. Each
 step is idempotent: an interrupted switch resumes from the node's labels on the next `pulumi up`.
@@ -144,7 +144,7 @@ def rollback(api, p: dict[str, Any]) -> bool:
 
 def wait_registered(api, p: dict[str, Any]) -> None:
     """A replaced worker's Node registers a little after IKS reports the worker deployed; the switch reads and labels
-    that Node, so it waits for it, bounded, instead of failing on a 404 (readiness is OperatorReadiness's concern)."""
+    that Node, so it waits for it, bounded, instead of failing on a 404 (readiness is a later step's concern)."""
     node = p["node"]
 
     def registered():
