@@ -19,6 +19,7 @@ from ..config import OPERATOR_MIN_VERSION, MigrationConfig, sources
 from ..iks.identity import ClusterIdentity
 from ..iks.master import MasterVersion
 from ..iks.pool import TempGpuPool
+from ..iks.shared_cluster import SharedClusterReady
 from ..kube.inventory import GpuNodeInventory
 from ..plan import Plan, plan_for
 from ..sdk_workarounds import once_done
@@ -88,6 +89,8 @@ def declare(cfg: MigrationConfig) -> Declared:
     out.identity = ClusterIdentity("cluster-identity", cluster=cfg.cluster_name, kubeconfig=cfg.kubeconfig,
                                    api=ctx.ibm_api)
     out.inventory = inventory(cfg, out.identity)
+    if not cfg.cluster_components:
+        return declare_pool_stack(cfg, ctx, out)
     out.master = master_version(cfg, ctx, out.inventory)
     out.temp_pool = temp_gpu_pool(cfg, ctx, out.master)
     after = [out.master, out.inventory, *filter(None, [out.temp_pool])]
@@ -99,24 +102,48 @@ def declare(cfg: MigrationConfig) -> Declared:
     if dra is not None:
         out.dra_driver, out.device_class, out.preflights = dra.driver, dra.device_class, dra.preflights
         ready_after.append(dra.driver)
-    out.plan = plan_for(cfg)
-    rollout.show(out.plan)
     # What every node waits for goes without dependency edges (sdk_workarounds.py, 2.): the operator depends on every
     # fence.
-    evict, budgets = eviction_settings(cfg, out.temp_pool), drain_budgets(cfg, out.plan)
     operator_namespace = once_done(cfg.gpu_operator.namespace, ready_after)
     first_after = once_done([], [operator.release]) if out.temp_pool is not None else None  # the pool's GPUs first
+    return roll_out(cfg, out, gpu_nodes, after, operator_namespace, first_after,
+                    dra.verify_batch if dra is not None else None)
+
+
+def roll_out(cfg: MigrationConfig, out: Declared, gpu_nodes: list[GpuNode], after: list[pulumi.Resource],
+             operator_namespace: pulumi.Input[str], first_after: Optional[pulumi.Output], verify_batch: Any
+             ) -> Declared:
+    """The plan's batches (Rollout), every node's steps after its gate, then each node's after-verification hook."""
+    out.plan = plan_for(cfg)
+    rollout.show(out.plan)
+    evict, budgets = eviction_settings(cfg, out.temp_pool), drain_budgets(cfg, out.plan)
     out.nodes = {n.node.ident: n for n in gpu_nodes}
     out.gates = rollout.Rollout(
         out.plan, {n.node.name: n for n in gpu_nodes}, cfg, after,
         lambda gpu_node, deps: gpu_node.migrate(deps, operator_namespace,
                                                 {**evict, "budget": budgets[gpu_node.node.name]}), first_after,
-        dra.verify_batch if dra is not None else None).gates
+        verify_batch).gates
     for gpu_node in gpu_nodes:
         gpu_node.register_outputs({"stage": gpu_node.node.stage})
         if gpu_node.node.stage != "ibm-managed":
             gpu_node.declare_after_hook()
     return out
+
+
+def declare_pool_stack(cfg: MigrationConfig, ctx: Context, out: Declared) -> Declared:
+    """A stack of some worker pools (gpu-migration:workerPools) that leaves the master, the GPU Operator and the DRA
+    path to the stack with clusterComponents: its nodes are fenced first (the operator goes in only once every
+    stack fenced its own), and its first batch waits until the master is at the target and the operator runs."""
+    ready = SharedClusterReady(
+        "shared-cluster-ready", cluster=cfg.cluster_name, version=cfg.kube_version, api=ctx.ibm_api,
+        kubeconfig=cfg.kubeconfig, namespace=cfg.gpu_operator.namespace, timeout=cfg.timeouts.master_update
+        + cfg.timeouts.operator_ready, poll_interval=cfg.timeouts.poll_interval,
+        opts=pulumi.ResourceOptions(depends_on=[out.inventory]))
+    out.master = ready
+    out.temp_pool = temp_gpu_pool(cfg, ctx, ready)
+    after = [ready, out.inventory, *filter(None, [out.temp_pool])]
+    gpu_nodes = [GpuNode(n, cfg, ctx, out.inventory) for n in cfg.nodes]
+    return roll_out(cfg, out, gpu_nodes, after, once_done(cfg.gpu_operator.namespace, [ready]), None, None)
 
 
 def chart_provider(cfg: MigrationConfig, cluster: Optional[k8s.Provider]) -> Optional[k8s.Provider]:
@@ -140,6 +167,7 @@ def inventory(cfg: MigrationConfig, identity: pulumi.Resource) -> GpuNodeInvento
         worker_ids={n.worker_id: n.name for n in cfg.nodes},
         operator_min_version=OPERATOR_MIN_VERSION,
         temp_pool=cfg.temp_gpu_pool.name if cfg.temp_gpu_pool.enabled else None,
+        worker_pools=cfg.worker_pools,
         opts=pulumi.ResourceOptions(depends_on=[identity]),
     )
 

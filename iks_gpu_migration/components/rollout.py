@@ -12,11 +12,13 @@ never registered, later batches never start, and nodes already running finish (t
 In preview nothing runs, so the gates get the same value (the previous batch's configured names) at once instead of
 waiting for the previous batch's registrations: preview stays O(n) even at one node per batch, and shows every batch.
 """
+import hashlib
+import json
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import pulumi
 
-from ..kube import capacity_gate
+from ..kube import capacity_gate, shared_budget
 from ..plan import Batch, Plan
 from ..sdk_workarounds import edge_free
 from ..state_compat import WAS_AT_ROOT
@@ -57,13 +59,37 @@ def show(plan: Plan) -> None:
         )
 
 
+def holder() -> str:
+    """This stack in a shared budget's claims."""
+    return f"{pulumi.get_organization()}/{pulumi.get_project()}/{pulumi.get_stack()}"
+
+
+def shared_settings(cfg: Any) -> Optional[dict[str, Any]]:
+    """What the gates and the release need of gpu-migration:sharedBudget (None without one)."""
+    b = cfg.shared_budget
+    if b is None:
+        return None
+    return {"name": b.name, "namespace": b.namespace, "max_unavailable": b.max_unavailable, "holder": holder()}
+
+
+def plan_fingerprint(plan: Plan, cfg: Any) -> str:
+    """Changes whenever a gate may run again (the inputs that re-run a CapacityGate): then the release runs again
+    after the last batch."""
+    stages = {n.name: n.stage for n in cfg.nodes}
+    text = json.dumps([[b.index, list(b.nodes), [stages[n] for n in b.nodes]] for b in plan.batches]
+                      + [plan.budget.min_available, cfg.gpu_node_selector, cfg.kube_version])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 class BatchStopped(RuntimeError):
     """A node of the previous batch failed, so this batch was not started."""
 
 
-def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int) -> pulumi.Output:
+def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int, stopped: str = "") -> pulumi.Output:
     """`batch.nodes` (the configured names, the same value preview shows), resolved only once every node of the batch
-    is done; carries no resources on purpose (see the module docstring)."""
+    is done; carries no resources on purpose (see the module docstring). `stopped`: what a failure holds back
+    (default: the later batches)."""
+    stopped = stopped or f"batch {next_index} and later were not started"
 
     async def wait() -> list[str]:
         for gpu_node in nodes:
@@ -74,7 +100,7 @@ def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int) -> pulu
                 raise  # an earlier batch failed: say so once, not nested per batch
             except Exception as e:  # noqa: BLE001 - any failure of the node stops later batches
                 raise BatchStopped(
-                    f"batch {next_index} and later were not started: node {gpu_node.node.name} of batch "
+                    f"{stopped}: node {gpu_node.node.name} of batch "
                     f"{batch.index} did not finish ({e}); fix it and run `pulumi up` again "
                     f"(finished nodes are not redone)"
                 ) from None
@@ -112,7 +138,23 @@ class Rollout(pulumi.ComponentResource):
             if finish is not None:
                 finish(batch.index, members)
             previous = (batch, members)
+        self.budget_release = self._release(plan, cfg, previous, preview)
         self.register_outputs({})
+
+    def _release(self, plan: Plan, cfg: Any, last: Optional[tuple[Batch, list["GpuNode"]]], preview: bool
+                 ) -> Optional[shared_budget.SharedBudgetRelease]:
+        """With a shared budget: after the last batch, the stack's claim goes (each gate already dropped the claim of
+        the batch before it)."""
+        shared = shared_settings(cfg)
+        if shared is None or last is None:
+            return None
+        batch = last[0]
+        after = list(batch.nodes) if preview else when_done(
+            *last, batch.index + 1, stopped=f"the claim of batch {batch.index} in {shared_budget.settings_text(shared)}"
+                                            f" stays held")
+        return shared_budget.SharedBudgetRelease(
+            "shared-budget-release", kubeconfig=cfg.kubeconfig, shared=shared, plan=plan_fingerprint(plan, cfg),
+            after=after, opts=pulumi.ResourceOptions(parent=self))
 
     def _gate(self, batch: Batch, plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, waits_for: Any,
               after: list[pulumi.Resource]) -> capacity_gate.CapacityGate:
@@ -129,6 +171,7 @@ class Rollout(pulumi.ComponentResource):
             soak_seconds=batch.soak_seconds,
             timeout=cfg.timeouts.capacity_gate,
             poll_interval=cfg.timeouts.poll_interval,
+            shared=shared_settings(cfg),
             opts=pulumi.ResourceOptions(parent=self, depends_on=after, aliases=WAS_AT_ROOT),
         )
         self.gates.append(gate)

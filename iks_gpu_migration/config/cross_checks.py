@@ -85,6 +85,42 @@ def _budget(cfg: MigrationConfig) -> Iterable[Problem]:
         yield Problem(("maxUnavailable",), str(e))
 
 
+@cross_check("shared_budget", "max_unavailable", "nodes", "temp_gpu_pool")
+def _fits_shared_budget(cfg: MigrationConfig) -> Iterable[Problem]:
+    """A batch larger than the shared budget could never be let out: every gate would wait until its timeout."""
+    if cfg.shared_budget is None:
+        return
+    try:
+        batch = resolve_max_unavailable(cfg.max_unavailable, len(cfg.nodes), cfg.surge) + cfg.surge
+    except PlanError:
+        return  # _budget names it
+    if batch > cfg.shared_budget.max_unavailable:
+        yield Problem(("sharedBudget", "maxUnavailable"),
+                      f"is {cfg.shared_budget.max_unavailable}, smaller than this stack's batches of {batch} nodes "
+                      f"(maxUnavailable {cfg.max_unavailable!r}{f' + surge {cfg.surge}' if cfg.surge else ''}): no "
+                      f"batch could ever go out; lower gpu-migration:maxUnavailable or raise this")
+
+
+@cross_check("worker_pools", "shared_budget", "cluster_components", "nodes")
+def _split_fleet(cfg: MigrationConfig) -> Iterable[Problem]:
+    """A stack of some worker pools runs beside other stacks of the same cluster: it needs the budget they share, and
+    the stack without the cluster-wide parts can't hold dra nodes (their DRA driver, DeviceClass and preflight are
+    the cluster-wide stack's)."""
+    if cfg.worker_pools and cfg.shared_budget is None:
+        yield Problem(("sharedBudget",), "is required with workerPools: the stacks that share the cluster's GPU nodes "
+                                         "need one budget for all of them, e.g. {name: gpu-fleet, maxUnavailable: 10}")
+    if not cfg.cluster_components and not cfg.worker_pools:
+        yield Problem(("workerPools",), "is required with clusterComponents: false: name the worker pools this stack "
+                                        "migrates (another stack, with clusterComponents, has the others)")
+    if not cfg.cluster_components:
+        for i, node in valid_nodes(cfg):
+            if node.stage == "dra":
+                yield Problem(("nodes", i, "stage"),
+                              f"node {node.name!r} is dra in a stack with clusterComponents: false; dra nodes belong "
+                              f"in the stack with clusterComponents (it installs the DRA driver and DeviceClass and "
+                              f"runs their preflight)")
+
+
 @cross_check("timeouts")
 def _poll_below_timeouts(cfg: MigrationConfig) -> Iterable[Problem]:
     t = cfg.timeouts

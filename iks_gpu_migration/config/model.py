@@ -219,6 +219,28 @@ class WorkerPoolRules(Model):
                 "allow_autoscaling": list(self.allow_autoscaling)}
 
 
+class SharedBudget(Model):
+    """A capacity budget shared by every stack that migrates GPU nodes of the cluster (plan/shared_budget.py): their
+    batches together never have more than `maxUnavailable` nodes out. Every such stack sets the same `name` and
+    `maxUnavailable`; the claims live in the Lease gpu-migration-budget-<name> of `namespace`."""
+    name: str
+    max_unavailable: int = Field(ge=1)
+    namespace: str = NAMESPACE  # rbac/gpu-migration.yaml creates it and grants the Lease there
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if len(v) > 40 or not DNS_SUBDOMAIN.match(v) or "." in v:
+            raise ValueError(f"shared budget name {v!r} is not a DNS label of <= 40 chars (lowercase alphanumerics "
+                             f"and '-'), e.g. gpu-fleet")
+        return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        return check_namespace(v)
+
+
 class Timeouts(Model):
     """Seconds; every long wait is bounded by one of these."""
     master_update: float = Field(default=3600, gt=0)
@@ -315,6 +337,18 @@ class MigrationConfig(Model):
     # Counts GPU nodes the config does not name (replaced nodes, temporary pool workers) towards capacity. The default
     # holds before the GPU Operator (IKS's label) and after it (the operator's): plan/gates.py.
     gpu_node_selector: str = DEFAULT_GPU_NODE_SELECTOR
+    # A fleet split over several stacks, e.g. one per worker pool (docs/fleet-scale.md#one-fleet-several-stacks): this
+    # stack's worker pools (its inventory covers only their GPU nodes), one budget for all the stacks
+    # (plan/shared_budget.py), and whether this is the one stack that updates the master and installs the GPU
+    # Operator and the DRA path.
+    worker_pools: list[str] = []
+    shared_budget: Optional[SharedBudget] = None
+    cluster_components: bool = True
+
+    @field_validator("worker_pools")
+    @classmethod
+    def _pools(cls, v: list[str]) -> list[str]:
+        return WorkerPoolRules._names(v)
 
     @field_validator("max_unavailable", mode="before")
     @classmethod

@@ -21,6 +21,7 @@ from pulumi.dynamic import DiffResult, Resource
 
 from .. import plan
 from ..common.waiting import WaitTimeout, wait_for
+from . import shared_budget
 from .cluster import GPU_RESOURCE
 from .provider import CheckFailed, _Provider, _timing
 from .records import CONFIG_NAME_ANNOTATION
@@ -63,19 +64,26 @@ class _CapacityGateProvider(_Provider):
                      lambda: (time.monotonic() - started >= soak, None, "soaking"),
                      timeout=soak + 60, interval=min(soak, float(p.get("poll_interval") or 15)))
 
+        shared, held_back = p.get("shared"), {"locally": True}
+
         def poll():
             views = [node_view(n) for n in client.CoreV1Api(api).list_node().items]
             decision = plan.gate_decision(views, p["batch"], p["selector"], int(p["min_available"]))
-            return decision.open, decision, decision.state
+            held_back["locally"] = not decision.open
+            if not shared:
+                return decision.open, decision, decision.state
+            # The shared budget after the stack's own: a batch claims room there only once it may go out here.
+            admission = shared_budget.try_admit(api, shared, p["index"], list(p["batch"]), decision.open)
+            return decision.open and admission.open, decision, f"{decision.state}; {admission.state}"
 
         try:
             decision = wait_for(what, poll, **_timing(p, 3600))
         except WaitTimeout as e:
-            raise CheckFailed(
-                f"{e}\nbatch {p['index']} was not started, none of its nodes was changed. Make the unavailable GPU "
-                f"nodes available (uncordon or repair them), raise gpu-migration:maxUnavailable, or enable "
-                f"gpu-migration:tempGpuPool for surge capacity, then run `pulumi up` again"
-            ) from None
+            advice = ("Make the unavailable GPU nodes available (uncordon or repair them), raise "
+                      "gpu-migration:maxUnavailable, or enable gpu-migration:tempGpuPool for surge capacity, then "
+                      "run `pulumi up` again" if held_back["locally"] else shared_budget.timeout_advice(shared))
+            raise CheckFailed(f"{e}\nbatch {p['index']} was not started, none of its nodes was changed. {advice}"
+                              ) from None
         pulumi.log.info(f"batch {p['index']} starts: {decision.state}")
         if decision.missed_count:  # counted short, so never too many out: go on, but say whom the budget misses
             pulumi.log.warn(f"batch {p['index']}: the capacity budget does not count every GPU node"
@@ -103,6 +111,7 @@ class CapacityGate(Resource, module="gpu-migration", name="CapacityGate"):
         soak_seconds: float,
         timeout: pulumi.Input[float],
         poll_interval: pulumi.Input[float],
+        shared: Optional[dict[str, Any]] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
     ):
         props: dict[str, Any] = dict(kubeconfig=kubeconfig, index=index, batch=list(batch), stages=stages,
@@ -110,4 +119,6 @@ class CapacityGate(Resource, module="gpu-migration", name="CapacityGate"):
                                      min_available=min_available,
                                      soak_seconds=soak_seconds, timeout=timeout, poll_interval=poll_interval,
                                      opened=None)
+        if shared:  # only then: the gates of stacks without one keep their inputs (no diff)
+            props["shared"] = shared
         super().__init__(_CapacityGateProvider(), name, props, opts)

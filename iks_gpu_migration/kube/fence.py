@@ -7,7 +7,8 @@ from kubernetes.client.exceptions import ApiException
 from pulumi.dynamic import Resource
 
 from ..common.versions import version_at_least
-from .provider import CheckFailed, _Provider
+from ..common.waiting import WaitTimeout, wait_for
+from .provider import CheckFailed, _Provider, _timing
 
 
 class _NodeFenceProvider(_Provider):
@@ -61,3 +62,58 @@ class NodeFence(Resource, module="gpu-migration", name="NodeFence"):
         props = dict(kubeconfig=kubeconfig, node=node, labels=labels, operator_min_version=operator_min_version,
                      stage=stage, fenced=None)
         super().__init__(_NodeFenceProvider(), name, props, opts)
+
+
+def unfenced(nodes: list[client.V1Node], labels: dict[str, str], operator_min_version: str) -> list[str]:
+    """GPU nodes that still run IBM's drivers (kubelet below `operator_min_version`, where IKS installs them) without
+    every fence label: the GPU Operator would run next to IBM's drivers there. Named with their worker pool."""
+    from .inventory import IKS_POOL_LABEL, is_gpu_node
+    out = []
+    for n in nodes:
+        info = n.status.node_info if n.status else None
+        kubelet = info.kubelet_version if info else None
+        node_labels = n.metadata.labels or {}
+        if (is_gpu_node(n) and not version_at_least(kubelet, operator_min_version)
+                and any(node_labels.get(k) != v for k, v in labels.items())):
+            out.append(f"{n.metadata.name} (worker pool {node_labels.get(IKS_POOL_LABEL) or '?'}, kubelet {kubelet})")
+    return sorted(out)
+
+
+class _ClusterFencedProvider(_Provider):
+    """With the fleet split over several stacks (gpu-migration:workerPools), the stack that installs the GPU Operator
+    fences only its own nodes; the others fence theirs in their own `up`. So before the operator goes in, every GPU
+    node of the whole cluster that still runs IBM's drivers must carry the fence, whichever stack set it. Waits,
+    bounded by timeouts.operatorReady, so the stacks' `up`s may start in any order."""
+    rerun_on = ("labels", "operator_min_version")
+
+    def run(self, api, p):
+        core = client.CoreV1Api(api)
+
+        def check() -> list[str]:
+            return unfenced(core.list_node().items, p["labels"], p["operator_min_version"])
+
+        def poll():
+            left = check()
+            return not left, left, f"{len(left)} GPU node(s) on IBM's drivers not fenced yet: {', '.join(left[:10])}"
+
+        try:
+            wait_for("every GPU node on IBM's drivers to be fenced before the GPU Operator is installed", poll,
+                     **_timing(p, 1800))
+        except WaitTimeout as e:
+            raise CheckFailed(
+                f"{e}\nthe GPU Operator was not installed. Run `pulumi up` of the stacks whose "
+                f"gpu-migration:workerPools hold these nodes (each fences its nodes first), or list a node in one "
+                f"of them") from None
+        pulumi.log.info("every GPU node on IBM's drivers is fenced, in every worker pool")
+        return {"fenced_everywhere": True}
+
+
+class ClusterFenced(Resource, module="gpu-migration", name="ClusterFenced"):
+    """Before the GPU Operator, when several stacks share the cluster: every GPU node on IBM's drivers is fenced."""
+
+    def __init__(self, name: str, kubeconfig: pulumi.Input[Optional[str]], labels: dict[str, str],
+                 operator_min_version: str, timeout: pulumi.Input[float], poll_interval: pulumi.Input[float],
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(_ClusterFencedProvider(), name, dict(
+            kubeconfig=kubeconfig, labels=labels, operator_min_version=operator_min_version, timeout=timeout,
+            poll_interval=poll_interval, fenced_everywhere=None), opts)

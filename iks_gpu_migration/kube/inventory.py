@@ -56,6 +56,7 @@ def _place(labels: dict[str, str]) -> dict[str, str]:
 def inventory(
     api: ApiClient, configured: dict[str, str], worker_ids: dict[str, str], operator_min_version: str,
     temp_pool: Optional[str] = None, seen: Optional[dict[str, dict[str, str]]] = None,
+    worker_pools: Optional[list[str]] = None,
 ) -> Inventory:
     """Compares the cluster's GPU nodes with gpu-migration:nodes (`configured`: name -> stage, `worker_ids`: worker
     ID -> config name); `seen`: the pool and zone of each entry's node as earlier runs found them.
@@ -67,7 +68,10 @@ def inventory(
     operator_min_version in the same worker pool and zone (its new worker, not yet tied to the entry). Everything
     else is a problem that names the node: an unlisted GPU node on IBM's drivers (it would get the GPU Operator next
     to them), any other unlisted GPU node, an `ibm-managed` entry with no node (its node would stay unfenced), and an
-    entry with no node that no run ever saw (a wrong name)."""
+    entry with no node that no run ever saw (a wrong name).
+
+    `worker_pools` (gpu-migration:workerPools, a fleet split over several stacks): only the GPU nodes of these pools
+    must be listed (the other stacks list the rest), and a listed node of another pool is a problem."""
     seen = dict(seen or {})
     problems, warnings = [], []
     unlisted: list[client.V1Node] = []
@@ -84,9 +88,14 @@ def inventory(
             # a wrong name, and fences and labels would miss the node.
             problems.append(f"node {owner} in gpu-migration:nodes has workerId {labels.get(IKS_WORKER_ID_LABEL)}, "
                             f"whose node is {name}; set its name to {name}")
+        pool = labels.get(IKS_POOL_LABEL, "")
+        if owner and worker_pools and pool not in worker_pools:
+            problems.append(f"node {name} (gpu-migration:nodes entry {owner}) is in worker pool {pool or '?'}, "
+                            f"outside gpu-migration:workerPools {worker_pools}: list it in the stack of its pool")
         if owner:
             now.setdefault(owner, _place(labels))
-        elif is_gpu_node(n) and not (temp_pool and labels.get(IKS_POOL_LABEL) == temp_pool):
+        elif (is_gpu_node(n) and not (temp_pool and pool == temp_pool)
+              and not (worker_pools and pool not in worker_pools)):
             unlisted.append(n)
     # Entries whose node is gone after an earlier run saw it: their worker is being replaced.
     # Paired in the order WorkerReplacement pairs new workers with entries (iks/claims.py pair_new_workers): entries
@@ -147,8 +156,8 @@ class _GpuNodeInventoryProvider(_EveryUp):
     def run(self, api, p):
         # The first check of every `up`, before anything changes: the kubeconfig's identity holds the shipped role.
         permissions.require(api)
-        found = inventory(api, p["configured"], p["worker_ids"], p["operator_min_version"],
-                                      p.get("temp_pool"), seen=(p.get("_previous") or {}).get("seen"))
+        found = inventory(api, p["configured"], p["worker_ids"], p["operator_min_version"], p.get("temp_pool"),
+                          seen=(p.get("_previous") or {}).get("seen"), worker_pools=p.get("worker_pools"))
         for w in found.warnings:
             pulumi.log.warn(w)
         if found.problems:
@@ -165,7 +174,9 @@ class GpuNodeInventory(Resource, module="gpu-migration", name="GpuNodeInventory"
 
     def __init__(self, name: str, kubeconfig: pulumi.Input[Optional[str]], configured: dict[str, str],
                  worker_ids: dict[str, str], operator_min_version: str, temp_pool: Optional[str] = None,
-                 opts: Optional[pulumi.ResourceOptions] = None):
+                 worker_pools: Optional[list[str]] = None, opts: Optional[pulumi.ResourceOptions] = None):
         props = dict(kubeconfig=kubeconfig, configured=configured, worker_ids=worker_ids,
                      operator_min_version=operator_min_version, temp_pool=temp_pool, checked=None, seen=None)
+        if worker_pools:  # only then: a single stack's inventory keeps its inputs
+            props["worker_pools"] = list(worker_pools)
         super().__init__(_GpuNodeInventoryProvider(), name, props, opts)
