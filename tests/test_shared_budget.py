@@ -153,3 +153,28 @@ def test_the_cli_lists_the_claims_and_drops_one_only_when_asked(kube, capsys, mo
     assert budget_cli.main([*args, "--release", "org/gpu/none", "--yes"]) == 1
     assert "holds no claim" in capsys.readouterr().err
     assert budget_cli.main([*args, "--release", A, "--yes"]) == 0 and read(kube).keys() == {B}
+
+
+def test_an_identity_without_the_leases_role_is_stopped_up_front_and_at_the_lease(kube):
+    """The preflight of every `up` names the missing Role rules in the budget's namespace; a request refused anyway
+    (the Role removed mid-run) names the Role too."""
+    from kubernetes import config
+
+    from iks_gpu_migration.kube import permissions
+    from iks_gpu_migration.kube.refusals import PermissionDenied
+    from tests.test_permissions import role
+    ns = kube.ns("budget")
+    with config.new_client_from_config(kube.identity("no-leases", role("gpu-migration")["rules"])) as api:
+        permissions.require(api)  # the ClusterRole alone is enough without a shared budget
+        with pytest.raises(PermissionDenied) as stopped:
+            permissions.require(api, ns)
+        with pytest.raises(PermissionDenied) as refused:
+            shared_budget.try_admit(api, settings(kube, A), 1, ["a1"], True)
+    assert stopped.value.args[0].count("\n  - ") == 3
+    assert f'- cannot update resource "leases" in API group "coordination.k8s.io" in the namespace "{ns}"' in \
+        str(stopped.value)
+    assert "the Role gpu-migration-shared-budget of the same file" in str(stopped.value)
+    assert f"Lease {ns}/gpu-migration-budget-fleet (HTTP 403)" in str(refused.value)
+    assert "cannot get resource \"leases\"" in str(refused.value)
+    assert f"Role gpu-migration-shared-budget of iks_gpu_migration/rbac/gpu-migration.yaml, in namespace {ns}" in \
+        str(refused.value)

@@ -84,7 +84,10 @@ def declare(cfg: MigrationConfig) -> Declared:
     own_class = dra_path.own_class_for(cfg) if cfg.nodes_in("dra") else None  # bad DRA values fail here, at preview
     warn_two_names(cfg)
     warn_unpinned_image(cfg)
-    provider = k8s.Provider("cluster", kubeconfig=cfg.kubeconfig) if cfg.kubeconfig else None
+    # A pool stack (clusterComponents: false) declares Kubernetes resources only for ibm-managed nodes (their
+    # NodePatch): without one it starts no Kubernetes provider plugin (about a second of every preview and up).
+    uses_kubernetes = cfg.cluster_components or bool(cfg.nodes_in("ibm-managed"))
+    provider = k8s.Provider("cluster", kubeconfig=cfg.kubeconfig) if cfg.kubeconfig and uses_kubernetes else None
     ctx = Context(k8s_provider=provider, ibm_api=ibm_api(cfg), chart_provider=chart_provider(cfg, provider))
     out.identity = ClusterIdentity("cluster-identity", cluster=cfg.cluster_name, kubeconfig=cfg.kubeconfig,
                                    api=ctx.ibm_api)
@@ -168,6 +171,7 @@ def inventory(cfg: MigrationConfig, identity: pulumi.Resource) -> GpuNodeInvento
         operator_min_version=OPERATOR_MIN_VERSION,
         temp_pool=cfg.temp_gpu_pool.name if cfg.temp_gpu_pool.enabled else None,
         worker_pools=cfg.worker_pools,
+        shared_budget_namespace=cfg.shared_budget.namespace if cfg.shared_budget else None,
         opts=pulumi.ResourceOptions(depends_on=[identity]),
     )
 

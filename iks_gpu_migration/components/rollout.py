@@ -61,7 +61,8 @@ def show(plan: Plan) -> None:
 
 def holder() -> str:
     """This stack in a shared budget's claims."""
-    return f"{pulumi.get_organization()}/{pulumi.get_project()}/{pulumi.get_stack()}"
+    # DIY backends call every stack's organization "organization"; the engine may pass none (e.g. under mocks).
+    return f"{pulumi.get_organization() or 'organization'}/{pulumi.get_project()}/{pulumi.get_stack()}"
 
 
 def shared_settings(cfg: Any) -> Optional[dict[str, Any]]:

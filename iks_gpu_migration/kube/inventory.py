@@ -155,7 +155,7 @@ def workers_of_other_entries(api: ApiClient, own: Optional[str]) -> dict[str, st
 class _GpuNodeInventoryProvider(_EveryUp):
     def run(self, api, p):
         # The first check of every `up`, before anything changes: the kubeconfig's identity holds the shipped role.
-        permissions.require(api)
+        permissions.require(api, p.get("shared_budget_namespace"))
         found = inventory(api, p["configured"], p["worker_ids"], p["operator_min_version"], p.get("temp_pool"),
                           seen=(p.get("_previous") or {}).get("seen"), worker_pools=p.get("worker_pools"))
         for w in found.warnings:
@@ -174,9 +174,12 @@ class GpuNodeInventory(Resource, module="gpu-migration", name="GpuNodeInventory"
 
     def __init__(self, name: str, kubeconfig: pulumi.Input[Optional[str]], configured: dict[str, str],
                  worker_ids: dict[str, str], operator_min_version: str, temp_pool: Optional[str] = None,
-                 worker_pools: Optional[list[str]] = None, opts: Optional[pulumi.ResourceOptions] = None):
+                 worker_pools: Optional[list[str]] = None, shared_budget_namespace: Optional[str] = None,
+                 opts: Optional[pulumi.ResourceOptions] = None):
         props = dict(kubeconfig=kubeconfig, configured=configured, worker_ids=worker_ids,
                      operator_min_version=operator_min_version, temp_pool=temp_pool, checked=None, seen=None)
         if worker_pools:  # only then: a single stack's inventory keeps its inputs
             props["worker_pools"] = list(worker_pools)
+        if shared_budget_namespace:  # its Lease's Role is checked up front too
+            props["shared_budget_namespace"] = shared_budget_namespace
         super().__init__(_GpuNodeInventoryProvider(), name, props, opts)

@@ -9,10 +9,12 @@
 - Migrated nodes: the pilot label and `nvidia.com/gpu.deploy.device-plugin` are switched step by step by
   kube/switch.py NodePathSwitch, never in one patch (a GPU must never be offered on both paths).
 """
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import pulumi
-import pulumi_kubernetes as k8s
+
+if TYPE_CHECKING:
+    import pulumi_kubernetes as k8s
 
 OPERANDS_OFF = {"nvidia.com/gpu.deploy.operands": "false"}
 IBM_MANAGED_LABELS = {**OPERANDS_OFF, "nvidia.com/gpu.deploy.driver": "false"}
@@ -34,7 +36,10 @@ def node_patch(
     node_name: pulumi.Input[str],
     labels: dict[str, str],
     opts: Optional[pulumi.ResourceOptions] = None,
-) -> k8s.core.v1.NodePatch:
+) -> "k8s.core.v1.NodePatch":
+    # Imported here: the dynamic-provider host imports this module for its label names (kube/switch.py) and has no
+    # use for pulumi_kubernetes (about 0.4 s of its start, paid by every preview and up).
+    import pulumi_kubernetes as k8s
     return k8s.core.v1.NodePatch(
         resource_name,
         metadata=k8s.meta.v1.ObjectMetaPatchArgs(

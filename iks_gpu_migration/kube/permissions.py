@@ -25,10 +25,20 @@ class Check:
     group: str
     resource: str  # "pods" or "pods/eviction"
     verb: str
+    namespace: str = ""  # a Role's rule (in this namespace); "" a ClusterRole's, cluster-wide
 
     def describe(self) -> str:
-        """As the API server words a refusal of a cluster-wide request."""
-        return f'cannot {self.verb} resource "{self.resource}" in API group "{self.group}" at the cluster scope'
+        """As the API server words a refusal."""
+        scope = f'in the namespace "{self.namespace}"' if self.namespace else "at the cluster scope"
+        return f'cannot {self.verb} resource "{self.resource}" in API group "{self.group}" {scope}'
+
+
+SHARED_BUDGET_ROLE = "gpu-migration-shared-budget"
+
+
+def shared_budget_checks(namespace: str) -> list[Check]:
+    """The Role gpu-migration-shared-budget of rbac/gpu-migration.yaml (kube/shared_budget.py's requests)."""
+    return [Check("coordination.k8s.io", "leases", verb, namespace) for verb in ("get", "create", "update")]
 
 
 def shipped_rules(text: Optional[str] = None) -> list[dict[str, Any]]:
@@ -49,7 +59,8 @@ def _allowed(api, check: Check) -> bool:
     resource, _, subresource = check.resource.partition("/")
     review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
         resource_attributes=client.V1ResourceAttributes(group=check.group, resource=resource,
-                                                        subresource=subresource or None, verb=check.verb)))
+                                                        subresource=subresource or None, verb=check.verb,
+                                                        namespace=check.namespace or None)))
     return bool(client.AuthorizationV1Api(api).create_self_subject_access_review(review).status.allowed)
 
 
@@ -70,12 +81,14 @@ def missing(api, wanted: Optional[list[Check]] = None) -> list[Check]:
     return [c for c, ok in zip(wanted, allowed) if not ok]
 
 
-def require(api) -> None:
-    """Stop, naming every verb and resource of the shipped role the identity lacks. A server that cannot answer the
-    reviews only gets a warning: a missing permission then stops `up` at the request it refuses, named as clearly
-    (refusals.py)."""
+def require(api, shared_budget_namespace: Optional[str] = None) -> None:
+    """Stop, naming every verb and resource of the shipped role the identity lacks (and, with a shared budget, of the
+    Role for its Lease). A server that cannot answer the reviews only gets a warning: a missing permission then stops
+    `up` at the request it refuses, named as clearly (refusals.py)."""
+    wanted = checks(shipped_rules()) + (shared_budget_checks(shared_budget_namespace) if shared_budget_namespace
+                                        else [])
     try:
-        lacking = missing(api)
+        lacking = missing(api, wanted)
     except ApiException as e:
         pulumi.log.warn(f"the permissions of {KUBECONFIG_KEY} could not be checked up front ({_short(e)}); a missing "
                         f"one stops `up` at the request it refuses")
@@ -84,4 +97,6 @@ def require(api) -> None:
         user = whoami(api)
         raise PermissionDenied(
             f"the identity of {KUBECONFIG_KEY}{f' (User {user!r})' if user else ''} lacks permissions the program "
-            f"needs; nothing was changed:{_bullets([c.describe() for c in lacking])}\n{fix()}")
+            f"needs; nothing was changed:{_bullets([c.describe() for c in lacking])}\n{fix()}"
+            + (f" (the leases: the Role {SHARED_BUDGET_ROLE} of the same file, in namespace "
+               f"{shared_budget_namespace})" if any(c.namespace for c in lacking) else ""))

@@ -24,7 +24,9 @@ from kubernetes.client.exceptions import ApiException
 from pulumi.dynamic import Resource
 
 from ..plan import shared_budget as decide
+from .permissions import SHARED_BUDGET_ROLE
 from .provider import CheckFailed, _Provider, _client, _short
+from .refusals import PermissionDenied, status_message
 
 LEASE_PREFIX = "gpu-migration-budget-"
 CLAIMS_ANNOTATION = "migration.example.com/budget-claims"
@@ -65,7 +67,10 @@ class BudgetLease:
         anything, with the resourceVersion read (a conflict reads again)."""
         with _LOCK:
             for _ in range(CONFLICT_ATTEMPTS):
-                lease, claims, recorded = self.read()
+                try:
+                    lease, claims, recorded = self.read()
+                except ApiException as e:
+                    raise self._explained(e) from None
                 result, new_claims, limit = step(claims, recorded)
                 if lease is not None and new_claims == claims and limit == recorded:
                     return result
@@ -98,6 +103,11 @@ class BudgetLease:
                 f"the shared budget's namespace {self.namespace!r} does not exist: apply "
                 f"iks_gpu_migration/rbac/gpu-migration.yaml (it creates gpu-migration) or set "
                 f"gpu-migration:sharedBudget.namespace to an existing one ({_short(e)})")
+        if e.status == 403:
+            return PermissionDenied(
+                f"Kubernetes refused a request for the shared budget's Lease {self.namespace}/{self.lease_name} "
+                f"(HTTP 403): {status_message(e)}\nbind the identity of gpu-migration:kubeconfig to the Role "
+                f"{SHARED_BUDGET_ROLE} of iks_gpu_migration/rbac/gpu-migration.yaml, in namespace {self.namespace}")
         return e
 
 
