@@ -1,104 +1,107 @@
 """The local demo: builds or finds the tools, starts the control plane, the IKS emulator and the GPU doubles, and runs
-the whole migration with the real `pulumi up` on the `local` stack (Pulumi.local.yaml). The cluster stays up for
-inspection until Ctrl-C. Every run starts afresh: the IKS emulator lives in this process, so an earlier run's cluster
-and stack state could not match it.
+the whole migration with the real `pulumi up` on the `local` stack (Pulumi.local.yaml). The environment then stays up
+until Ctrl-C (or `stop`), as a rehearsal session: `env`, `pulumi`, `status` and kubectl work against it. Every run
+starts afresh: the IKS emulator lives in this process, so an earlier run's cluster and stack state could not match it.
 
     venv/bin/python -m gpu_migration_local [up|preview] [--stack local]
+
+A local environment that stays up between commands, to rehearse the commands you will run against IKS
+(gpu_migration_local/session.py, pulumi_cli.py):
+
+    venv/bin/python -m gpu_migration_local [--project DIR] start [--stack local]   # until `stop` or Ctrl-C
+    venv/bin/python -m gpu_migration_local [--project DIR] env                     # `export` lines for a shell
+    venv/bin/python -m gpu_migration_local [--project DIR] pulumi <pulumi arguments>
+    venv/bin/python -m gpu_migration_local [--project DIR] stop
 """
 from __future__ import annotations
 
 import argparse
-import itertools
 import pathlib
-import shutil
-import signal
 import sys
-import threading
 
-import yaml
-
-from . import tools
-from .control_plane import write_private
+from . import pulumi_cli, session
 from .engine import Engine, printer
-from .env import LocalCluster
-from .iks_emulator import IksEmulator
-from .iks_nodes import IksNodeSync
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STATE = REPO / ".local"  # git-ignored: cluster data, kubeconfig, file backend
 
 
-def _stack_file(stack: str) -> dict:
-    path = REPO / f"Pulumi.{stack}.yaml"
-    if not path.exists():
-        sys.exit(f"no stack file {path.name}: the local demo runs a stack whose endpoints point at 127.0.0.1")
-    return yaml.safe_load(path.read_text())["config"]
+def session_command(argv: list[str]) -> int | None:
+    """start / stop / env / pulumi (the rehearsal's session); None if `argv` is the demo's."""
+    project = REPO
+    if argv[:1] == ["--project"] and len(argv) > 1:
+        project, argv = pathlib.Path(argv[1]).resolve(), argv[2:]
+    if not argv or argv[0] not in ("start", "stop", "env", "pulumi"):
+        return None
+    paths = session.Paths(project)
+    try:
+        if argv[0] == "pulumi":
+            return pulumi_cli.main(argv[1:], paths)
+        if argv[0] == "env":
+            print(session.shell_exports(session.require_session(paths)))
+            return 0
+        if argv[0] == "stop":
+            return session.stop(paths)
+        parser = argparse.ArgumentParser(prog="python -m gpu_migration_local start")
+        parser.add_argument("--stack", default="local")
+        args = parser.parse_args(argv[1:])
+        return session.Session(paths, args.stack, say=lambda line: print(line, flush=True)).run()
+    except session.SessionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
-def seed(iks: IksEmulator, config: dict) -> None:
-    """The cluster of the stack file as it is before the migration: master and GPU workers at 1.35."""
-    for node in config["gpu-migration:nodes"]:
-        worker = iks.add_worker(pool_name="gpu", version="1.35.4_1540", worker_id=node["workerId"])
-        worker["networkInterfaces"][0]["ipAddress"] = node["name"]
-    # New workers get 10.240.0.(n % 250 + 2) from this counter, shared with IAM tokens: from 1020 that is .22 upwards
-    # for 230 draws, never a configured name (.11-.13); from 1000 the ninth draw was .11 (tests/real/local_iks.py).
-    iks._ids = itertools.count(1020)
+def summary(outputs: dict) -> str:
+    """What the run proved, per node, from the stack outputs (iks_gpu_migration.components.migration.export)."""
+    lines = ["", "What this run proved:"]
+    for key, output in sorted(outputs.items()):
+        if not key.startswith("node:"):
+            continue
+        node = output.value
+        line = f"  {node['configName']}: stage {node['stage']}"
+        if node.get("replacedWorkerId"):
+            line += f", worker replaced by {node['replacedWorkerId']} (node {node['nodeName']})"
+        if node["stage"] == "ibm-managed":
+            line += ", kept on IBM's drivers and fenced off the GPU Operator"
+        elif node["stage"] == "device-plugin":
+            line += ", the GPU Operator's driver and device plugin ready, its GPU offered as nvidia.com/gpu"
+        if node.get("smokeTest"):
+            line += f"; smoke test {node['smokeTest']}"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    code = session_command(argv)
+    if code is not None:
+        return code
     parser = argparse.ArgumentParser(prog="python -m gpu_migration_local", description=__doc__.split("\n")[0])
     parser.add_argument("command", nargs="?", default="up", choices=["up", "preview"])
     parser.add_argument("--stack", default="local")
     parser.add_argument("--exit", action="store_true", help="stop the cluster when the run ends (no inspection)")
     args = parser.parse_args(argv)
-    config = _stack_file(args.stack)
-    endpoint = config["gpu-migration:ibmCloud"]["endpoint"]
-    port = int(endpoint.rsplit(":", 1)[1].split("/")[0])
+    paths = session.Paths(REPO)
 
-    print("building or finding the tools (tools/build; minutes when cold)...", flush=True)
-    bin_dir = tools.bin_dir()
-    print(f"tools: {tools.versions_line()} in {bin_dir}", flush=True)
-    for stale in (STATE / "cluster", STATE / "backend"):  # an earlier run's; see the module docstring
-        if stale.exists():
-            print(f"removing {stale} of an earlier run (a fresh IKS emulator starts with every run)", flush=True)
-            shutil.rmtree(stale)
-    STATE.mkdir(exist_ok=True)
-    STATE.chmod(0o700)  # the cluster's credentials and the kubeconfig live below it
-    cluster = LocalCluster(workdir=STATE / "cluster", keep_workdir=True)
-    (STATE / "cluster").mkdir(parents=True, exist_ok=True)
-    iks = IksEmulator(cluster=config["gpu-migration:clusterName"], port=port)
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with cluster:
-        iks.start()
-        sync = IksNodeSync(iks, cluster.api_client).start()
+    def run_stack(engine: Engine) -> int:
+        stack = engine.stack(args.stack)
+        print(f"running pulumi {args.command} --stack {args.stack} ...", flush=True)
         try:
-            seed(iks, config)
-            (REPO / config["gpu-migration:kubeconfig"]).parent.mkdir(parents=True, exist_ok=True)
-            write_private(REPO / config["gpu-migration:kubeconfig"], cluster.kubeconfig.read_text())
-            engine = Engine(REPO, STATE / "backend", env={"IC_API_KEY": iks.api_key})
-            stack = engine.stack(args.stack)
-            print(f"running pulumi {args.command} --stack {args.stack} ...", flush=True)
             if args.command == "preview":
                 stack.preview(on_output=printer())
             else:
-                stack.up(on_output=printer())
-            code = 0
-        except Exception as e:  # noqa: BLE001 - the engine already printed the details
-            print(f"\n{args.command} failed: {e}", file=sys.stderr)
-            code = 1
-        if not args.exit:
-            kubeconfig = REPO / config["gpu-migration:kubeconfig"]
-            print(f"\nThe local cluster is up for inspection:\n  export KUBECONFIG={kubeconfig}\n"
-                  f"  kubectl get nodes -L nvidia.com/gpu.deploy.device-plugin\n"
-                  f"  {bin_dir / 'pulumi'} stack history --stack {args.stack}   "
-                  f"(PULUMI_BACKEND_URL={(STATE / 'backend').as_uri()}, PULUMI_CONFIG_PASSPHRASE=local-passphrase)\n"
-                  "Press Ctrl-C to stop it (everything runs in this process).", flush=True)
-            stop.wait()
-        sync.stop()
-        iks.stop()
-    return code
+                print(summary(stack.up(on_output=printer()).outputs), flush=True)
+        except Exception:  # noqa: BLE001 - the CLI printed its errors as they came; its whole output again adds nothing
+            print(f"\npulumi {args.command} --stack {args.stack} failed: its errors are above", file=sys.stderr)
+            return 1
+        return 0
+
+    try:
+        return session.Session(paths, args.stack, say=lambda line: print(line, flush=True)).run(
+            first=run_stack, stay=not args.exit)
+    except session.SessionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

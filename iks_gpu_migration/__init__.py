@@ -8,3 +8,4 @@ from . import sdk_workarounds, state_compat
 
 state_compat.install()  # before any unpickling: stacks of earlier releases name their providers by old module paths
 sdk_workarounds.widen_provider_host()  # only in the dynamic-provider host: 4 threads served the whole stack
+sdk_workarounds.connect_provider_host_log()  # only there: its pulumi.log printed to stderr, each line twice in the CLI

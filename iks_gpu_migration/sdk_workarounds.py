@@ -21,6 +21,14 @@ Checked against: pulumi (Python SDK) 3.272.0, under the Pulumi CLI/engine v3.274
    has 4 workers (pulumi/dynamic/__main__.py `main`), and each replacement, drain or check holds its thread while it
    waits: 4 nodes of a batch progressed at once, whatever the budget. `widen_provider_host` lifts the pool in the
    host process, so the engine's `--parallel` is the only bound.
+4. The dynamic-provider host never connects to the engine (pulumi/dynamic/__main__.py `get_provider` configures
+   Settings without one), so `pulumi.log.*` there prints `info: ...` to stderr, which the CLI shows as a plain
+   message and again under its closing Diagnostics, whatever `ephemeral` says, and lines written by two threads at
+   once can run together. `connect_provider_host_log` points `pulumi.log` at the engine's Log service (the address
+   the engine passes every resource plugin as its first argument: pulumi/pulumi
+   sdk/go/common/resource/plugin/provider_plugin.go): one message per request, and a wait's progress marked
+   ephemeral (common/waiting.py) is shown while it happens, not repeated in the Diagnostics
+   (pkg/backend/display/progress.go skips ephemeral payloads there).
 """
 import asyncio
 import gc
@@ -167,3 +175,31 @@ def widen_provider_host(workers: int = PROVIDER_HOST_WORKERS) -> int:
             pool._max_workers = workers
             widened += 1
     return widened
+
+
+
+class _HostEngineLog:
+    """The engine's Log service for the provider host; a message the engine can't take (it is gone, e.g. killed) goes
+    to stderr as the SDK would print it, so logging never fails a wait."""
+
+    def __init__(self, address: str):
+        import grpc  # noqa: PLC0415 - only in the host
+        from pulumi.runtime.proto import engine_pb2_grpc  # noqa: PLC0415
+        self._stub = engine_pb2_grpc.EngineStub(grpc.insecure_channel(address))
+
+    def Log(self, request: Any) -> None:  # noqa: N802 - the engine service's method name
+        try:
+            self._stub.Log(request, timeout=10)
+        except Exception:  # noqa: BLE001
+            print(f"{request.message}", file=sys.stderr, flush=True)
+
+
+def connect_provider_host_log() -> bool:
+    """In the dynamic-provider host (4. above), send `pulumi.log.*` to the engine, whose address the engine passes as
+    the plugin's first argument; elsewhere do nothing. Returns whether it connected."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) != PROVIDER_HOST_MODULE or len(sys.argv) < 2:
+        return False
+    engine = _HostEngineLog(sys.argv[1])
+    pulumi.log.get_engine = lambda: engine  # pulumi/log.py looks it up on every message
+    return True

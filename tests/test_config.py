@@ -378,3 +378,16 @@ def test_chart_kubeconfig_must_exist_like_kubeconfig(raw, tmp_path):
     assert parse(raw).chart_kubeconfig == raw["chartKubeconfig"]
     del raw["chartKubeconfig"]
     assert parse(raw).chart_kubeconfig is None
+
+
+def test_an_unknown_key_close_to_a_known_one_gets_a_did_you_mean(raw):
+    raw["maxUnavaliable"] = 2
+    raw["timeouts"] = {"drian": 5}
+    raw["nodes"][0]["wokerId"] = raw["nodes"][0].pop("workerId")
+    raw["someOtherThing"] = 1
+    message = error_for(raw)
+    assert "gpu-migration:maxUnavaliable: unknown key (got '2'); did you mean maxUnavailable?" in message or \
+        "gpu-migration:maxUnavaliable: unknown key (got 2); did you mean maxUnavailable?" in message, message
+    assert "gpu-migration:timeouts.drian: unknown key (got 5); did you mean drain?" in message
+    assert "gpu-migration:nodes[0].wokerId: unknown key" in message and "did you mean workerId?" in message
+    assert "gpu-migration:someOtherThing: unknown key (got 1)\n" in message + "\n"  # nothing close: no guess

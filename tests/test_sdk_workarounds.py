@@ -241,3 +241,44 @@ def test_outside_the_provider_host_nothing_is_widened(monkeypatch):
     finally:
         server.stop(0)
         pool.shutdown(wait=False)
+
+
+def test_the_provider_host_logs_through_the_engine_and_a_waits_progress_is_ephemeral(monkeypatch, capsys):
+    """4.: in the dynamic-provider host `pulumi.log` reaches the engine's Log service at the address in argv[1] (a real
+    gRPC server here), the progress of a wait marked ephemeral; an engine that is gone costs a line on stderr, never
+    the wait. Outside the host nothing changes."""
+    from concurrent import futures
+    from types import SimpleNamespace
+
+    import grpc
+    from pulumi.runtime.proto import engine_pb2_grpc
+
+    from iks_gpu_migration.common import waiting
+
+    received = []
+
+    class Servicer(engine_pb2_grpc.EngineServicer):
+        def Log(self, request, context):  # noqa: N802
+            received.append((request.message, request.ephemeral))
+            from google.protobuf import empty_pb2
+            return empty_pb2.Empty()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    engine_pb2_grpc.add_EngineServicer_to_server(Servicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    monkeypatch.setattr(pulumi.log, "get_engine", pulumi.log.get_engine)  # restored afterwards
+    assert sdk_workarounds.connect_provider_host_log() is False  # not the host: untouched
+    host = SimpleNamespace(__spec__=SimpleNamespace(name=sdk_workarounds.PROVIDER_HOST_MODULE))
+    monkeypatch.setitem(sys.modules, "__main__", host)
+    monkeypatch.setattr(sys, "argv", ["pulumi.dynamic", f"127.0.0.1:{port}"])
+    try:
+        assert sdk_workarounds.connect_provider_host_log() is True
+        waiting.progress("waiting for worker w-1: provisioning (3s of 5400s)")
+        pulumi.log.info("worker w-1 is replaced by w-2")
+        assert received == [("waiting for worker w-1: provisioning (3s of 5400s)", True),
+                            ("worker w-1 is replaced by w-2", False)]
+    finally:
+        server.stop(0)
+    pulumi.log.info("the engine is gone")  # no exception
+    assert "the engine is gone" in capsys.readouterr().err

@@ -89,8 +89,9 @@ def load_outputs(stack: str, outputs_file: Optional[Path], project_dir: Path) ->
         return {}, ["`pulumi stack output --json` printed no JSON: showing configured node names"]
 
 
-def kubeconfig_path(arg: Optional[str], config: dict) -> str:
-    """--kubeconfig, then gpu-migration:kubeconfig, then KUBECONFIG (first entry), then ~/.kube/config."""
+def kubeconfig_path(arg: Optional[str], config: dict, project_dir: Optional[Path] = None) -> str:
+    """--kubeconfig, then gpu-migration:kubeconfig (a relative path from the project directory, where the CLI runs the
+    program), then KUBECONFIG (first entry), then ~/.kube/config."""
     if arg:
         source = "--kubeconfig"
     elif config.get("kubeconfig"):
@@ -100,6 +101,8 @@ def kubeconfig_path(arg: Optional[str], config: dict) -> str:
     else:
         arg, source = "~/.kube/config", "the default"
     path = os.path.expanduser(arg)
+    if source == "gpu-migration:kubeconfig" and project_dir is not None:
+        path = os.path.join(project_dir, path)  # unchanged when absolute
     if not os.path.isfile(path):
         raise StatusError(f"kubeconfig {path} (from {source}) does not exist; pass --kubeconfig PATH "
                           f"(for IKS: `ibmcloud ks cluster config --cluster <cluster>` writes one)")
@@ -326,7 +329,7 @@ def collect(stack: str, kubeconfig: Optional[str] = None, project_dir: Path = PR
 
     config = load_stack(project_dir, stack)
     outputs, notes = load_outputs(stack, outputs_file, project_dir)
-    path = kubeconfig_path(kubeconfig, config)
+    path = kubeconfig_path(kubeconfig, config, project_dir)
     nodes = []
     with connect(path) as api:
         core, server = client.CoreV1Api(api), api.configuration.host

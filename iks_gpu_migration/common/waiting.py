@@ -50,12 +50,19 @@ def interruptible_sleep(seconds: float, slice_: float = 0.2) -> None:
         time.sleep(min(slice_, left))
 
 
+def progress(message: str) -> None:
+    """A wait's progress: shown as it happens, not again in the CLI's closing Diagnostics (ephemeral: pulumi/pulumi
+    pkg/backend/display/progress.go skips ephemeral payloads there), which would otherwise repeat every line (in the
+    dynamic-provider host once sdk_workarounds.connect_provider_host_log connected it to the engine)."""
+    pulumi.log.info(message, ephemeral=True)
+
+
 def wait_for(
     what: str,
     poll: Callable[[], tuple[bool, T, str]],
     timeout: float,
     interval: float = 10.0,
-    log: Callable[[str], None] = pulumi.log.info,
+    log: Callable[[str], None] = progress,
     heartbeat: float = 60.0,
 ) -> T:
     """Call `poll` until it returns (done=True, value, state); log `state` while waiting.

@@ -1,6 +1,7 @@
 """Reading the stack's `gpu-migration:*` keys and validating them: every problem reported at once, naming key and value."""
+import difflib
 import json
-from typing import Any, Optional
+from typing import Any, Optional, get_args
 
 import pulumi
 from pydantic import ValidationError
@@ -22,13 +23,41 @@ def _problems(error: ValidationError) -> list[Problem]:
         if e["type"] in ("literal_error",):
             msg = f"{e['input']!r} is not one of {', '.join(STAGES)}"
         elif e["type"] == "extra_forbidden":
-            msg = f"unknown key (got {e['input']!r})"
+            msg = f"unknown key (got {e['input']!r})" + _did_you_mean(tuple(e["loc"]))
         elif e["type"] == "missing":
             msg = "is required"
         elif "input" in e and not isinstance(e["input"], (dict, list)) and repr(e["input"]) not in msg:
             msg = f"{msg} (got {e['input']!r})"
         out.append(Problem(tuple(e["loc"]), msg))
     return out
+
+
+def _did_you_mean(loc: Loc) -> str:
+    """'; did you mean X?' for an unknown key close to a known one at the same place (difflib), else ''."""
+    model: Any = MigrationConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue  # an entry of a list: its model is the list's (below)
+        field = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
+        if field is None:
+            return ""
+        model = _model_of(field.annotation)
+        if model is None:
+            return ""
+    known = [f.alias or n for n, f in model.model_fields.items()]
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.7)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _model_of(annotation: Any) -> Optional[type]:
+    """The pydantic model of a field (also inside Optional[...] or list[...]), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, Model):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _format(problems: list[Problem]) -> str:

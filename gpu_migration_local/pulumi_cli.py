@@ -1,0 +1,76 @@
+"""`python -m gpu_migration_local pulumi <args>`: the real Pulumi CLI against the running local session, every argument
+passed through, so a rehearsal types the commands it will type against IKS.
+
+The CLI runs a Python program through its language host, `pulumi-language-python`, which no Go module served here
+builds (gpu_migration_local/engine.py). For the commands that run the program (`up`, `preview`, `refresh`, `destroy`,
+`import`), this serves the program itself over the CLI's language-runtime protocol on 127.0.0.1, as the Automation API
+does for inline programs (pulumi/automation/_stack.py: a LanguageServer and `--client=127.0.0.1:<port>`), and runs
+the CLI with that flag; the CLI, engine, providers and backend are the real ones. Every other command (`stack
+history`, `stack output`, `config`, `stack export`, `cancel`, ...) needs no program and runs as is. The CLI inherits
+this terminal (its prompts, colors and Ctrl-C), and its exit code is this command's.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from concurrent import futures
+from typing import Optional
+
+from . import tools
+from .session import Paths, require_session, session_env
+
+PROGRAM_COMMANDS = {"up", "update", "preview", "pre", "refresh", "destroy", "down", "import"}
+
+
+def _serve_program():
+    """The program over the language-runtime protocol on 127.0.0.1 (an ephemeral port); returns (server, port)."""
+    import grpc
+    from pulumi.automation._server import LanguageServer
+    from pulumi.runtime.proto import language_pb2_grpc
+
+    from iks_gpu_migration.program import main as program
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
+                         options=[("grpc.max_receive_message_length", 2**31 - 1)])
+    language_pb2_grpc.add_LanguageRuntimeServicer_to_server(LanguageServer(program), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, port
+
+
+def command_for(args: list[str], port: Optional[int]) -> list[str]:
+    """The CLI's arguments: the user's, then (for a program command) where the program is served. Pure."""
+    extra = [f"--client=127.0.0.1:{port}", "--exec-kind", "auto.inline"] if port is not None else []
+    return [str(tools.bin_dir() / "pulumi"), *args, *extra]
+
+
+# Global flags of the CLI that take their value as the next argument (pulumi/pulumi pkg/cmd/pulumi/pulumi.go).
+VALUE_FLAGS = {"-C", "--cwd", "--color", "-v", "--verbose", "--profiling", "--tracing", "--tracing-header",
+               "--memprofilerate"}
+
+
+def runs_program(args: list[str]) -> bool:
+    """Whether the CLI command runs the program (its first word, after global flags). Pure."""
+    rest = iter(args)
+    for arg in rest:
+        if arg in VALUE_FLAGS:
+            next(rest, None)
+        elif not arg.startswith("-"):
+            return arg in PROGRAM_COMMANDS
+    return False
+
+
+def main(args: list[str], paths: Paths) -> int:
+    record = require_session(paths)
+    env = session_env(record)
+    server = port = None
+    if runs_program(args):
+        os.chdir(paths.project)  # the program reads paths of the stack file relative to the project, as the CLI runs it
+        server, port = _serve_program()
+    try:
+        return subprocess.run(command_for(args, port), cwd=paths.project, env=env).returncode
+    except KeyboardInterrupt:
+        return 130  # the CLI got the same Ctrl-C and reported it
+    finally:
+        if server is not None:
+            server.stop(0)

@@ -1,0 +1,154 @@
+"""The README's rehearsal (issue 19): the commands a platform engineer will type against IKS, typed against a local
+environment that stays up between them. Everything through the real commands, each its own process: `start`, `env`
+(its exports), `python -m gpu_migration_local pulumi ...` (the real CLI, every argument passed through), `status`,
+`pulumi stack history` (the CLI from the exported PATH, as printed), `stop`.
+
+start -> up (two device-plugin nodes, one ibm-managed) -> status -> expand the pilot by editing the stack file (the
+preview changes only the new dra node and the DRA path) -> up -> status -> roll back by putting the earlier stack file
+back (as `git checkout <commit> -- Pulumi.local.yaml`) -> up -> status -> stack history shows the three updates ->
+stop."""
+import json
+import os
+import pathlib
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import yaml
+
+from .project import CHARTS, EVERY_UP_CHECKS, REPO
+
+PY = sys.executable
+DRA = "10.240.0.11"
+START_TIMEOUT = 300  # the tools are built by then (the session fixtures build them first)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def project_dir(tmp_path):
+    """A copy of the project with Pulumi.local.yaml, its charts by absolute path and its emulator on a free port."""
+    d = tmp_path / "project"
+    d.mkdir()
+    shutil.copy(REPO / "Pulumi.yaml", d / "Pulumi.yaml")
+    text = (REPO / "Pulumi.local.yaml").read_text()
+    stack = yaml.safe_load(text)
+    cfg = stack["config"]
+    url = f"http://127.0.0.1:{free_port()}"
+    cfg["gpu-migration:ibmCloud"].update(endpoint=url, iamEndpoint=url)
+    cfg["gpu-migration:gpuOperator"]["chart"] = str(CHARTS / "gpu-operator")
+    cfg["gpu-migration:draDriver"]["chart"] = str(CHARTS / "nvidia-dra-driver-gpu")
+    cfg["gpu-migration:timeouts"]["pollInterval"] = 0.2
+    for node in cfg["gpu-migration:nodes"]:
+        if node["stage"] == "dra":
+            node["stage"] = "device-plugin"  # the pilot starts without a dra node
+    (d / "Pulumi.local.yaml").write_text(yaml.safe_dump(stack, sort_keys=False))
+    return d
+
+
+def local(project: pathlib.Path, *args: str, env=None, timeout: float = 600) -> subprocess.CompletedProcess:
+    done = subprocess.run([PY, "-m", "gpu_migration_local", "--project", str(project), *args], text=True,
+                          capture_output=True, timeout=timeout, env=env)
+    print(done.stdout[-3000:], done.stderr[-2000:], flush=True)
+    return done
+
+
+def exported(text: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for line in text.splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        env[key] = shlex.split(value)[0] if value else ""
+    return env
+
+
+def with_stage(text: str, node: str, stage: str) -> str:
+    stack = yaml.safe_load(text)
+    for entry in stack["config"]["gpu-migration:nodes"]:
+        if entry["name"] == node:
+            entry["stage"] = stage
+    return yaml.safe_dump(stack, sort_keys=False)
+
+
+def status(project: pathlib.Path, env: dict) -> dict[str, dict]:
+    done = subprocess.run([PY, "-m", "iks_gpu_migration.cli.status", "--stack", "local", "--project-dir",
+                           str(project), "--json"], text=True, capture_output=True, env=env, timeout=180)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert not data["notes"], data["notes"]  # the stack outputs were read: nodes under their replaced names
+    return {n["configuredName"]: n for n in data["nodes"]}
+
+
+def all_done(nodes: dict[str, dict]) -> dict[str, str]:
+    return {name: n["stage"] for name, n in nodes.items() if n["steps"] and all(s["done"] for s in n["steps"])}
+
+
+def test_the_readme_rehearsal_start_up_expand_roll_back_status_stop(project_dir, request):
+    request.config.real_engine_nodeids.add(request.node.nodeid)
+    session = subprocess.Popen([PY, "-m", "gpu_migration_local", "--project", str(project_dir), "start"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen: list[str] = []
+        reader = threading.Thread(target=lambda: seen.extend(iter(session.stdout.readline, "")), daemon=True)
+        reader.start()  # the session's output is read as it comes (a full pipe would block it)
+        started = time.monotonic()
+        while not any("The local environment is up" in line for line in list(seen)):
+            assert time.monotonic() - started < START_TIMEOUT and session.poll() is None, "".join(seen)
+            time.sleep(0.2)
+        assert "eval \"$(venv/bin/python -m gpu_migration_local env)\"" in "".join(seen)
+        again = local(project_dir, "start")
+        assert again.returncode == 1 and "already runs" in again.stderr
+        env = exported(local(project_dir, "env").stdout)
+        stack_file = project_dir / "Pulumi.local.yaml"
+        good = stack_file.read_text()
+
+        assert local(project_dir, "pulumi", "up", "--stack", "local", "--yes").returncode == 0
+        first = status(project_dir, env)
+        assert set(all_done(first)) == set(first) == {DRA, "10.240.0.12", "10.240.0.13"}, first
+        dra_node = first[DRA]["node"]
+        assert dra_node != DRA  # replaced: status found it under its new name from the stack outputs
+
+        stack_file.write_text(with_stage(good, DRA, "dra"))  # the pilot expanded by editing the stack file
+        preview = local(project_dir, "pulumi", "preview", "--stack", "local", "--json")
+        assert preview.returncode == 0, preview.stderr
+        changed = {s["urn"].rsplit("::", 1)[1] for s in json.loads(preview.stdout)["steps"]
+                   if s["op"] != "same" and not s["urn"].split("::")[2].startswith("pulumi:providers:")}
+        changed -= EVERY_UP_CHECKS
+        assert changed and all(DRA in name or name in ("dra-path", "dra-driver", "device-class",
+                                                                "smoke-namespace") or "dra-preflight" in name
+                               or name.endswith("-gate") for name in changed), ", ".join(sorted(changed))
+        assert not [n for n in changed if n.startswith(("10.240.0.12", "10.240.0.13"))], changed
+        assert local(project_dir, "pulumi", "up", "--stack", "local", "--yes").returncode == 0
+        expanded = status(project_dir, env)
+        assert expanded[DRA]["stage"] == "dra" and DRA in all_done(expanded)
+        assert expanded[DRA]["verification"]["result"] == "passed"
+
+        stack_file.write_text(good)  # the stack file of the update that was good
+        assert local(project_dir, "pulumi", "up", "--stack", "local", "--yes").returncode == 0
+        back = status(project_dir, env)
+        assert back[DRA]["stage"] == "device-plugin" and all_done(back) == all_done(first)
+        assert back[DRA]["node"] == dra_node  # the same worker: a switch back, no replacement
+
+        history = subprocess.run(["pulumi", "stack", "history", "--stack", "local", "--json"], cwd=project_dir,
+                                 env=env, text=True, capture_output=True, timeout=120)  # as the session prints it
+        assert history.returncode == 0, history.stderr
+        assert [u["result"] for u in json.loads(history.stdout)] == ["succeeded"] * 3
+
+        assert local(project_dir, "stop").returncode == 0
+        assert session.wait(timeout=60) == 0
+        assert "the local environment is stopped" in "".join(seen)
+        assert not (project_dir / ".local" / "session.json").exists()
+        gone = local(project_dir, "pulumi", "stack", "ls")
+        assert gone.returncode == 1 and "no local environment is running" in gone.stderr
+    finally:
+        if session.poll() is None:
+            session.terminate()
+            session.wait(timeout=60)

@@ -1,0 +1,84 @@
+"""The rehearsal's session commands (gpu_migration_local/session.py, pulumi_cli.py) without a cluster: which CLI
+commands get the program served, the arguments passed through, the shell exports, and a clear stop without a
+session. The whole rehearsal runs under the real CLI in tests/real/test_rehearsal.py."""
+import json
+import os
+import shlex
+
+import pytest
+
+from gpu_migration_local import pulumi_cli, session
+
+
+@pytest.mark.parametrize("args, runs", [
+    (["up", "--stack", "local", "--yes"], True),
+    (["preview", "--stack", "local", "--json"], True),
+    (["--cwd", "up", "stack", "history"], False),  # `up` is the value of --cwd here
+    (["-C", ".", "destroy"], True),
+    (["refresh", "--stack", "local"], True),
+    (["stack", "history", "--stack", "local"], False),
+    (["config", "set", "gpu-migration:maxUnavailable", "2"], False),
+    (["stack", "output", "--json"], False),
+    ([], False),
+])
+def test_only_commands_that_run_the_program_get_it_served(args, runs):
+    assert pulumi_cli.runs_program(args) is runs
+
+
+def test_every_argument_is_passed_through_and_the_program_server_added_last(monkeypatch, tmp_path):
+    monkeypatch.setattr(session.tools, "bin_dir", lambda: tmp_path)
+    monkeypatch.setattr(pulumi_cli.tools, "bin_dir", lambda: tmp_path)
+    args = ["up", "--stack", "local", "--yes", "--config", "a=b c"]
+    assert pulumi_cli.command_for(args, 4711) == [str(tmp_path / "pulumi"), *args, "--client=127.0.0.1:4711",
+                                                  "--exec-kind", "auto.inline"]
+    assert pulumi_cli.command_for(["stack", "history"], None) == [str(tmp_path / "pulumi"), "stack", "history"]
+
+
+def test_exports_survive_the_shell(monkeypatch, tmp_path):
+    monkeypatch.setattr(session.tools, "bin_dir", lambda: tmp_path / "bin dir")
+    monkeypatch.setattr(session.tools, "engine_env", lambda: {"PULUMI_HOME": str(tmp_path / "home")})
+    record = {"pid": os.getpid(), "env": {"PULUMI_BACKEND_URL": "file:///x/.local/backend",
+                                          "PULUMI_CONFIG_PASSPHRASE": "local passphrase; $HOME", "KUBECONFIG": "/k"}}
+    exports = session.shell_exports(record)
+    parsed = {}
+    for line in exports.splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        parsed[key] = shlex.split(value)[0]
+    assert parsed["PULUMI_CONFIG_PASSPHRASE"] == "local passphrase; $HOME"
+    assert parsed["PATH"].split(os.pathsep)[0] == str(tmp_path / "bin dir") and parsed["KUBECONFIG"] == "/k"
+
+
+def test_without_a_running_session_every_command_says_how_to_start_one(tmp_path):
+    paths = session.Paths(tmp_path)
+    with pytest.raises(session.SessionError, match="start it with `venv/bin/python -m gpu_migration_local start`"):
+        pulumi_cli.main(["stack", "ls"], paths)
+    paths.state.mkdir()
+    paths.session.write_text(json.dumps({"pid": 2**22 + 12345, "env": {}}))  # a session whose process is gone
+    with pytest.raises(session.SessionError, match="no local environment is running"):
+        session.stop(paths)
+
+
+def test_a_stack_that_points_at_ibm_cloud_is_refused_naming_the_key(tmp_path):
+    import shutil
+    from gpu_migration_local.session import REPO
+    shutil.copy(REPO / "Pulumi.pilot.yaml", tmp_path / "Pulumi.pilot.yaml")
+    with pytest.raises(session.SessionError) as e:
+        session.Session(session.Paths(tmp_path), "pilot", say=lambda line: None).run()
+    assert "Pulumi.pilot.yaml: gpu-migration:ibmCloud.endpoint is not set, not the local IKS emulator" in str(e.value)
+    assert not (tmp_path / ".local").exists()  # refused before anything started
+
+
+def test_the_demo_closes_with_what_each_node_proved():
+    from types import SimpleNamespace
+
+    from gpu_migration_local.__main__ import summary
+    outputs = {
+        "node:10.240.0.11": SimpleNamespace(value={"configName": "10.240.0.11", "stage": "dra",
+                                                   "replacedWorkerId": "w-9", "nodeName": "10.240.0.25",
+                                                   "smokeTest": "passed: gpu-pilot/p used gpu-0 (GPU-1)"}),
+        "node:10.240.0.13": SimpleNamespace(value={"configName": "10.240.0.13", "stage": "ibm-managed"}),
+        "other": SimpleNamespace(value=1)}
+    assert summary(outputs).splitlines()[2:] == [
+        "  10.240.0.11: stage dra, worker replaced by w-9 (node 10.240.0.25); smoke test passed: gpu-pilot/p used "
+        "gpu-0 (GPU-1)",
+        "  10.240.0.13: stage ibm-managed, kept on IBM's drivers and fenced off the GPU Operator"]
