@@ -17,6 +17,35 @@ from pulumi import automation as auto
 from . import tools
 
 PROJECT = "gpu-migration"
+SDK_ERROR_PREFIXES = ("python inline source runtime error:", "RPC error:")
+
+
+def language_server_class():
+    """The Automation API's LanguageServer, reporting a program's RunError (e.g. an invalid stack config) once, as
+    the real language host does: it logs the message and exits with code 32, "already reported" (pulumi
+    sdk/python/cmd/pulumi-language-python-exec), which the engine reads as `bail` (sdk/go/common/resource/plugin
+    langruntime_plugin.go Run). The SDK's server logs it and also returns it as the program's error, which the CLI
+    prints a second time as "an unhandled error occurred" (pulumi/automation/_server.py LanguageServer.Run,
+    pulumi 3.272.0)."""
+    from pulumi.automation._server import LanguageServer
+
+    class ReportedOnce(LanguageServer):
+        def Run(self, request, context):  # noqa: N802 - the gRPC method
+            response = super().Run(request, context)
+            if response.error and not response.error.startswith(SDK_ERROR_PREFIXES):
+                response.bail = True  # a RunError: logged already
+            return response
+
+    return ReportedOnce
+
+
+def use_reporting_language_server() -> None:
+    """Inline programs run through the Automation API get ReportedOnce (it builds its server from this name)."""
+    from pulumi.automation import _stack
+    if not getattr(_stack.LanguageServer, "reports_once", False):
+        server = language_server_class()
+        server.reports_once = True
+        _stack.LanguageServer = server
 PASSPHRASE = "local-passphrase"  # the local stack's secrets protect nothing real
 
 
@@ -43,6 +72,7 @@ class Engine:
         self.backend_dir.mkdir(parents=True, exist_ok=True)
         if program is None:
             from iks_gpu_migration.program import main as program
+        use_reporting_language_server()
         return auto.create_or_select_stack(stack_name=name, project_name=PROJECT, program=program,
                                            opts=self._workspace_opts())
 

@@ -25,10 +25,12 @@ PROGRAM_COMMANDS = {"up", "update", "preview", "pre", "refresh", "destroy", "dow
 def _serve_program():
     """The program over the language-runtime protocol on 127.0.0.1 (an ephemeral port); returns (server, port)."""
     import grpc
-    from pulumi.automation._server import LanguageServer
     from pulumi.runtime.proto import language_pb2_grpc
 
     from iks_gpu_migration.program import main as program
+
+    from .engine import language_server_class
+    LanguageServer = language_server_class()  # noqa: N806 - a class
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
                          options=[("grpc.max_receive_message_length", 2**31 - 1)])

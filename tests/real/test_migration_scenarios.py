@@ -133,9 +133,14 @@ def test_bad_config_fails_preview_naming_the_key_and_creates_nothing(env):
     cfg["ibmApiKey"] = env.iks.api_key  # `pulumi config set` without --secret: readable in the stack file
     env.project.write_stack(cfg)
     stack = env.project.stack()
+    output: list[str] = []
     with pytest.raises(CommandError) as failed:
-        stack.preview(on_output=print)
+        stack.preview(on_output=lambda line: (output.append(line), print(line)))
     assert "gpu-migration:nodes[1].stage" in str(failed.value) and "dra-pilot" in str(failed.value)
+    # Said once (issue 19): the problems once under Diagnostics, no Python traceback, no "unhandled error" repeat.
+    text = "\n".join(output)
+    assert text.count("gpu-migration:nodes[1].stage") == 1 and "Traceback" not in text, text
+    assert "an unhandled error occurred" not in text, text
     # Told apart by the engine (the program's configSecretKeys), reported with the other problem.
     assert "gpu-migration:ibmApiKey: is set in plain text" in str(failed.value)
     assert "pulumi config set --secret gpu-migration:ibmApiKey" in str(failed.value)
