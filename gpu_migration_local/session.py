@@ -196,17 +196,25 @@ class Session:
         return engine
 
     def _ready_text(self) -> str:
-        s, py = self.stack, "venv/bin/python"
+        """The commands that reach this session, runnable as printed from the repository (a `--project` session
+        names its project in each)."""
+        s = self.stack
+        py = str(pathlib.Path(sys.executable).parent / "python") if self.paths.project != REPO else "venv/bin/python"
+        project = f" --project {self.paths.project}" if self.paths.project != REPO else ""
+        local = f"{py} -m gpu_migration_local{project}"
+        status_dir = f" --project-dir {self.paths.project}" if project else ""
         return (f"\nThe local environment is up (stack {s}, IKS emulator on "
-                f"{self.config['gpu-migration:ibmCloud']['endpoint']}). In another shell, in {self.paths.project}:\n"
-                f"  eval \"$({py} -m gpu_migration_local env)\"       # pulumi, kubectl and status reach it\n"
-                f"  {py} -m gpu_migration_local pulumi preview --stack {s}\n"
-                f"  {py} -m gpu_migration_local pulumi up --stack {s}\n"
-                f"  {py} -m iks_gpu_migration.cli.status --stack {s}\n"
+                f"{self.config['gpu-migration:ibmCloud']['endpoint']}). In another shell, in {REPO}:\n"
+                f"  eval \"$({local} env)\"   # this shell: pulumi on PATH, the stack's backend, KUBECONFIG\n"
+                f"  {local} pulumi preview --stack {s}\n"
+                f"  {local} pulumi up --stack {s}\n"
+                f"  {py} -m iks_gpu_migration.cli.status --stack {s}{status_dir}\n"
                 f"  pulumi stack history --stack {s}\n"
-                f"  kubectl get nodes -L nvidia.com/gpu.deploy.device-plugin,migration.example.com/gpu-dra\n"
-                f"Edit Pulumi.{s}.yaml and run `up` again to expand the pilot or roll back (docs/operations.md).\n"
-                f"Stop it with Ctrl-C here or `{py} -m gpu_migration_local stop`.")
+                f"  {py} -m iks_gpu_migration.cli.recover --stack {s}{status_dir}   # after a killed up\n"
+                f"  kubectl get nodes -L nvidia.com/gpu.deploy.device-plugin   # with your kubectl\n"
+                f"Edit Pulumi.{s}.yaml and run `up` again to expand the pilot or roll back "
+                f"(docs/operations.md#rehearse-locally).\n"
+                f"Stop it with Ctrl-C here or `{local} stop`.")
 
 
 def stop(paths: Paths, say: Callable[[str], None] = print, timeout: float = STOP_TIMEOUT) -> int:

@@ -24,6 +24,7 @@ import yaml
 from .project import CHARTS, EVERY_UP_CHECKS, REPO
 
 PY = sys.executable
+PY_DIR = pathlib.Path(sys.executable).parent
 DRA = "10.240.0.11"
 START_TIMEOUT = 300  # the tools are built by then (the session fixtures build them first)
 
@@ -103,7 +104,7 @@ def test_the_readme_rehearsal_start_up_expand_roll_back_status_stop(project_dir,
         while not any("The local environment is up" in line for line in list(seen)):
             assert time.monotonic() - started < START_TIMEOUT and session.poll() is None, "".join(seen)
             time.sleep(0.2)
-        assert "eval \"$(venv/bin/python -m gpu_migration_local env)\"" in "".join(seen)
+        assert f"eval \"$({PY_DIR}/python -m gpu_migration_local --project {project_dir} env)\"" in "".join(seen)
         again = local(project_dir, "start")
         assert again.returncode == 1 and "already runs" in again.stderr
         env = exported(local(project_dir, "env").stdout)
@@ -141,6 +142,9 @@ def test_the_readme_rehearsal_start_up_expand_roll_back_status_stop(project_dir,
                                  env=env, text=True, capture_output=True, timeout=120)  # as the session prints it
         assert history.returncode == 0, history.stderr
         assert [u["result"] for u in json.loads(history.stdout)] == ["succeeded"] * 3
+        recover = subprocess.run([PY, "-m", "iks_gpu_migration.cli.recover", "--stack", "local", "--project-dir",
+                                  str(project_dir)], env=env, text=True, capture_output=True, timeout=120)
+        assert recover.returncode == 0 and "no pending operations and no lock to remove" in recover.stdout, recover
 
         assert local(project_dir, "stop").returncode == 0
         assert session.wait(timeout=60) == 0
