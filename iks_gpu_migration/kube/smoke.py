@@ -72,15 +72,19 @@ class _SmokeTestVerificationProvider(_Provider):
                 + (f"\n{note}" if note else "")
             )
         summary = f"passed: {pod} used {result.device} ({result.gpu_uuid}) via {result.claim}"
+        # The output (the stack output node:<name>.smokeTest) stays short: the CLI cuts a value's lines at 150
+        # characters (pulumi/pulumi pkg/backend/display/object_diff.go); pod and claim are outputs of their own.
+        short = f"passed: {result.gpu_uuid} ({result.device})"
         try:
             if uncordon_if_ours(api, node):
                 summary += f"; node {node} uncordoned"
+                short += "; uncordoned"
         except Exception as e:
             raise CheckFailed(
                 f"smoke test {summary}, but uncordoning node {node} failed: {_short(e)}\n"
                 f"run `pulumi up` again (it judges the same pod again) or `kubectl uncordon {node}`") from e
         pulumi.log.info(f"node {node}: smoke test {summary}")
-        return {"gpu_uuid": result.gpu_uuid, "device": result.device, "claim": result.claim, "result": summary}
+        return {"gpu_uuid": result.gpu_uuid, "device": result.device, "claim": result.claim, "result": short}
 
 
 class SmokeTestVerification(Resource, module="gpu-migration", name="SmokeTestVerification"):
