@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -26,9 +27,56 @@ def _versions() -> dict[str, str]:
     return out
 
 
+# What a cold tools/build fills, measured from empty caches (GB): Go's module cache, Go's build cache, the tools cache.
+BUILD_NEEDS_GB = {"GOMODCACHE": 3.5, "GOCACHE": 8.0, "tools": 1.5}
+
+
+class ToolsError(RuntimeError):
+    """The tools can't be built here; the message says what is missing."""
+
+
+def _existing(path: pathlib.Path) -> pathlib.Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def disk_shortfall(places: dict[str, pathlib.Path], free_gb=lambda p: shutil.disk_usage(p).free / 1e9) -> list[str]:
+    """Filesystems with less room than a cold build fills there (BUILD_NEEDS_GB, summed per filesystem). Pure but
+    for `free_gb`."""
+    by_device: dict[int, tuple[float, list[str], pathlib.Path]] = {}
+    for what, path in places.items():
+        where = _existing(path)
+        need, names, _ = by_device.get(where.stat().st_dev, (0.0, [], where))
+        by_device[where.stat().st_dev] = (need + BUILD_NEEDS_GB[what], [*names, f"{what} ({path})"], where)
+    return [f"{free_gb(where):.1f} GB free on the filesystem of {', '.join(names)}; a first build fills about "
+            f"{need:.0f} GB there" for need, names, where in by_device.values() if free_gb(where) < need]
+
+
+def _check_before_cold_build(bin_path: pathlib.Path) -> None:
+    """Before a build from empty caches: Go on PATH and room on disk, each missing one named (tools/build checks Go
+    too, but only once it runs; the disk only fills minutes later)."""
+    if (bin_path / "pulumi").exists():
+        return
+    go = shutil.which("go")
+    if go is None:
+        raise ToolsError("Go is not on PATH: tools/build compiles the Pulumi CLI, the Kubernetes provider and control "
+                         "plane, etcd and kwok from Go modules (Go 1.24 or newer; https://go.dev/dl/)")
+    env = subprocess.run([go, "env", "GOMODCACHE", "GOCACHE"], capture_output=True, text=True).stdout.split()
+    places = {"tools": bin_path.parent.parent}
+    if len(env) == 2:
+        places.update(GOMODCACHE=pathlib.Path(env[0]), GOCACHE=pathlib.Path(env[1]))
+    short = disk_shortfall(places)
+    if short:
+        raise ToolsError("not enough disk for the first tools/build: " + "; ".join(short) + " (README, Prerequisites)")
+
+
 @functools.cache
 def bin_dir() -> pathlib.Path:
     """Builds what is missing (minutes when cold, instant when cached) and returns the bin directory."""
+    printed = subprocess.run([str(BUILD), "--print"], stdout=subprocess.PIPE, text=True)
+    if printed.returncode == 0 and printed.stdout.strip():
+        _check_before_cold_build(pathlib.Path(printed.stdout.strip()))
     done = subprocess.run([str(BUILD)], stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"tools/build failed with exit code {done.returncode} (its log is on stderr above)")

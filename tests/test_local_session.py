@@ -82,3 +82,13 @@ def test_the_demo_closes_with_what_each_node_proved():
         "  10.240.0.11: stage dra, worker replaced by w-9 (node 10.240.0.25); smoke test passed: gpu-pilot/p used "
         "gpu-0 (GPU-1)",
         "  10.240.0.13: stage ibm-managed, kept on IBM's drivers and fenced off the GPU Operator"]
+
+
+def test_a_first_build_without_room_on_disk_is_refused_naming_each_filesystem(tmp_path):
+    from gpu_migration_local import tools
+    places = {"tools": tmp_path / "cache" / "tools", "GOMODCACHE": tmp_path / "go" / "mod",
+              "GOCACHE": tmp_path / "go-build"}
+    assert tools.disk_shortfall(places, free_gb=lambda p: 100.0) == []
+    short = tools.disk_shortfall(places, free_gb=lambda p: 5.0)  # one filesystem: the needs add up
+    assert short == [f"5.0 GB free on the filesystem of tools ({places['tools']}), GOMODCACHE ({places['GOMODCACHE']}), "
+                     f"GOCACHE ({places['GOCACHE']}); a first build fills about 13 GB there"]
