@@ -26,9 +26,10 @@ Checked against: pulumi (Python SDK) 3.272.0, under the Pulumi CLI/engine v3.274
    message and again under its closing Diagnostics, whatever `ephemeral` says, and lines written by two threads at
    once can run together. `connect_provider_host_log` points `pulumi.log` at the engine's Log service (the address
    the engine passes every resource plugin as its first argument: pulumi/pulumi
-   sdk/go/common/resource/plugin/provider_plugin.go): one message per request, and a wait's progress marked
-   ephemeral (common/waiting.py) is shown while it happens, not repeated in the Diagnostics
-   (pkg/backend/display/progress.go skips ephemeral payloads there).
+   sdk/go/common/resource/plugin/provider_plugin.go): one message per request, and every info of a provider (a
+   wait's progress, what a step did) ephemeral: shown while it happens, not repeated in the closing Diagnostics
+   (pkg/backend/display/progress.go skips ephemeral payloads there), which keep the warnings and errors; what the
+   steps established is in the stack outputs the CLI prints last.
 """
 import asyncio
 import gc
@@ -188,6 +189,11 @@ class _HostEngineLog:
         self._stub = engine_pb2_grpc.EngineStub(grpc.insecure_channel(address))
 
     def Log(self, request: Any) -> None:  # noqa: N802 - the engine service's method name
+        from pulumi.runtime.proto import engine_pb2  # noqa: PLC0415
+        if request.severity == engine_pb2.INFO:
+            # A provider's info is the narration of its step: shown once, as it happens. What it established is in
+            # the stack outputs (the CLI's closing summary); warnings and errors stay in the closing Diagnostics.
+            request.ephemeral = True
         try:
             self._stub.Log(request, timeout=10)
         except Exception:  # noqa: BLE001

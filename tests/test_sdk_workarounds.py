@@ -276,8 +276,9 @@ def test_the_provider_host_logs_through_the_engine_and_a_waits_progress_is_ephem
         assert sdk_workarounds.connect_provider_host_log() is True
         waiting.progress("waiting for worker w-1: provisioning (3s of 5400s)")
         pulumi.log.info("worker w-1 is replaced by w-2")
+        pulumi.log.warn("pool gpu has autoscaling on")
         assert received == [("waiting for worker w-1: provisioning (3s of 5400s)", True),
-                            ("worker w-1 is replaced by w-2", False)]
+                            ("worker w-1 is replaced by w-2", True), ("pool gpu has autoscaling on", False)]
     finally:
         server.stop(0)
     pulumi.log.info("the engine is gone")  # no exception

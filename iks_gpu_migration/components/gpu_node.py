@@ -186,8 +186,9 @@ class GpuNode(pulumi.ComponentResource):
 def _warn_renamed(node: Node, actual: Optional[str]) -> None:
     """The new node is recorded in state (output node:<key>.nodeName); later runs use it, so nothing must change."""
     if actual and actual != node.name:
-        pulumi.log.info(
+        pulumi.log.info(  # once, as it happens: the new name is in the outputs the CLI prints last
             f"node {node.name!r} (worker {node.worker_id}) was replaced; its node is now {actual!r}, recorded in the "
             f"stack state (`pulumi stack output`). Nothing to change in gpu-migration:nodes; to show the new name "
-            f"there, set name: {actual!r} and key: {node.ident!r} so its resources keep their identity"
+            f"there, set name: {actual!r} and key: {node.ident!r} so its resources keep their identity",
+            ephemeral=True,
         )
