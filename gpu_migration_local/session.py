@@ -117,8 +117,7 @@ def session_env(record: dict) -> dict[str, str]:
 
 def shell_exports(record: dict) -> str:
     """`export K=V` lines for a shell: the pulumi CLI on PATH, the backend and passphrase, the kubeconfig."""
-    env = {**record["env"], "PULUMI_HOME": tools.engine_env()["PULUMI_HOME"],
-           "PULUMI_SKIP_UPDATE_CHECK": "true",
+    env = {**record["env"],
            "PATH": os.pathsep.join([str(tools.bin_dir()), str(pathlib.Path(sys.executable).parent),
                                     os.environ.get("PATH", "")])}
     return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
@@ -189,10 +188,13 @@ class Session:
         kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         write_private(kubeconfig, cluster.kubeconfig.read_text())
         env = {"PULUMI_BACKEND_URL": self.paths.backend.resolve().as_uri(), "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE,
-               "IC_API_KEY": iks.api_key, "KUBECONFIG": str(kubeconfig.resolve())}
+               "IC_API_KEY": iks.api_key, "KUBECONFIG": str(kubeconfig.resolve()),
+               "PULUMI_HOME": tools.engine_env()["PULUMI_HOME"], "PULUMI_SKIP_UPDATE_CHECK": "true"}
         engine = Engine(self.paths.project, self.paths.backend, env={"IC_API_KEY": iks.api_key})
         engine.stack(self.stack)  # `pulumi stack init`, so every command finds it
-        write_private(self.paths.session, json.dumps({"pid": os.getpid(), "stack": self.stack, "env": env}))
+        # `pulumi`: the CLI `status` uses for the stack outputs (iks_gpu_migration/cli/status.py local_session_cli).
+        write_private(self.paths.session, json.dumps({"pid": os.getpid(), "stack": self.stack, "env": env,
+                                                      "pulumi": str(tools.bin_dir() / "pulumi")}))
         return engine
 
     def _ready_text(self) -> str:

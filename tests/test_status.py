@@ -232,3 +232,22 @@ def test_the_status_role_is_enough(project, kube, capsys):
 ])
 def test_progress(stage, facts, expected):
     assert status.describe_progress(status.progress(stage, facts, "1.37", ("p", "on"), "example.com/gpu")) == expected
+
+
+def test_a_running_local_session_gives_status_its_pulumi_and_backend(project, kube, capsys, monkeypatch):
+    """gpu_migration_local's session records its CLI and environment in .local/session.json: `status` of that stack
+    reads the outputs with them, no `eval` of the environment needed (issue 19). A record of another stack, or of a
+    session whose process is gone, is ignored."""
+    script = project / "session-pulumi"
+    script.write_text(f"#!/bin/sh\necho \"$PULUMI_BACKEND_URL $@\" > {project}/args\ncat {project}/outputs.json\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"/bin{os.pathsep}/usr/bin")  # the shell's tools, no pulumi CLI
+    (project / ".local").mkdir()
+    record = {"pid": os.getpid(), "stack": "pilot", "pulumi": str(script), "env": {"PULUMI_BACKEND_URL": "file:///b"}}
+    (project / ".local" / "session.json").write_text(json.dumps(record))
+    code, out, err = run(project, capsys, kubeconfig=kube.kubeconfig)
+    assert code == 0 and err == "" and out.splitlines()[1].startswith(f"{kube.prefix}n1b (was {kube.prefix}n1)")
+    assert (project / "args").read_text().split() == ["file:///b", "stack", "output", "--json", "--stack", "pilot"]
+    (project / ".local" / "session.json").write_text(json.dumps({**record, "stack": "local"}))
+    code, out, err = run(project, capsys, kubeconfig=kube.kubeconfig)
+    assert err.startswith("note: pulumi CLI not on PATH")

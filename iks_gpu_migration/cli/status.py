@@ -64,6 +64,20 @@ def load_stack(project_dir: Path, stack: str) -> dict:
     return config
 
 
+def local_session_cli(project_dir: Path, stack: str) -> Optional[tuple[str, dict[str, str]]]:
+    """The Pulumi CLI and environment of a running local session of `stack` (gpu_migration_local/session.py writes
+    <project>/.local/session.json while it runs), so `status --stack local` reads its outputs without the shell's
+    `eval` of its environment; None otherwise."""
+    try:
+        record = json.loads((Path(project_dir) / ".local" / "session.json").read_text())
+        os.kill(int(record["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if record.get("stack") != stack or not record.get("pulumi"):
+        return None
+    return record["pulumi"], {**os.environ, **record.get("env", {})}
+
+
 def load_outputs(stack: str, outputs_file: Optional[Path], project_dir: Path) -> tuple[dict, list[str]]:
     """Stack outputs and notes on what could not be read (status then shows configured names only)."""
     if outputs_file is not None:
@@ -71,13 +85,13 @@ def load_outputs(stack: str, outputs_file: Optional[Path], project_dir: Path) ->
             return json.loads(Path(outputs_file).read_text()), []
         except (OSError, json.JSONDecodeError) as e:
             raise StatusError(f"--outputs {outputs_file}: not a JSON file from `pulumi stack output --json` ({e})")
-    pulumi = shutil.which("pulumi")
+    pulumi, env = local_session_cli(project_dir, stack) or (shutil.which("pulumi"), None)
     if pulumi is None:
         return {}, ["pulumi CLI not on PATH: showing configured node names; pass --outputs FILE (from `pulumi stack "
                     "output --json --stack S`) to see replaced nodes under their new names"]
     try:
         done = subprocess.run([pulumi, "stack", "output", "--json", "--stack", stack], cwd=project_dir,
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, env=env)
     except subprocess.TimeoutExpired:
         return {}, ["`pulumi stack output` did not answer within 120s: showing configured node names"]
     if done.returncode != 0:

@@ -112,7 +112,7 @@ def test_the_readme_rehearsal_start_up_expand_roll_back_status_stop(project_dir,
         good = stack_file.read_text()
 
         assert local(project_dir, "pulumi", "up", "--stack", "local", "--yes").returncode == 0
-        first = status(project_dir, env)
+        first = status(project_dir, dict(os.environ))  # out of the box: no `eval` of the session's environment
         assert set(all_done(first)) == set(first) == {DRA, "10.240.0.12", "10.240.0.13"}, first
         dra_node = first[DRA]["node"]
         assert dra_node != DRA  # replaced: status found it under its new name from the stack outputs
