@@ -4,9 +4,9 @@ environment that stays up between them. Everything through the real commands, ea
 `pulumi stack history` (the CLI from the exported PATH, as printed), `stop`.
 
 start -> up (two device-plugin nodes, one ibm-managed) -> status -> expand the pilot by editing the stack file (the
-preview changes only the new dra node and the DRA path) -> up -> status -> roll back by putting the earlier stack file
-back (as `git checkout <commit> -- Pulumi.local.yaml`) -> up -> status -> stack history shows the three updates ->
-stop."""
+preview changes only the new dra node and the DRA path) -> up -> status -> roll back as the docs give it (stack history
+names the good update, its stack file comes back as `git checkout <commit> -- Pulumi.local.yaml`, preview, up) ->
+status -> stack history shows the three updates -> recover's dry run finds nothing to do -> stop."""
 import json
 import os
 import pathlib
@@ -79,6 +79,14 @@ def with_stage(text: str, node: str, stage: str) -> str:
     return yaml.safe_dump(stack, sort_keys=False)
 
 
+def history(project: pathlib.Path, env: dict) -> list[dict]:
+    """`pulumi stack history` run as the session prints it (the CLI from the exported PATH), newest first."""
+    done = subprocess.run(["pulumi", "stack", "history", "--stack", "local", "--json"], cwd=project, env=env,
+                          text=True, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 def status(project: pathlib.Path, env: dict) -> dict[str, dict]:
     done = subprocess.run([PY, "-m", "iks_gpu_migration.cli.status", "--stack", "local", "--project-dir",
                            str(project), "--json"], text=True, capture_output=True, env=env, timeout=180)
@@ -132,16 +140,17 @@ def test_the_readme_rehearsal_start_up_expand_roll_back_status_stop(project_dir,
         assert expanded[DRA]["stage"] == "dra" and DRA in all_done(expanded)
         assert expanded[DRA]["verification"]["result"] == "passed"
 
+        # Rollback as docs/operations.md#rollback gives it: the history names the update that was good, its stack
+        # file comes back (`git checkout <commit> -- Pulumi.local.yaml`), preview, up.
+        assert [u["result"] for u in history(project_dir, env)] == ["succeeded"] * 2
         stack_file.write_text(good)  # the stack file of the update that was good
+        back_preview = local(project_dir, "pulumi", "preview", "--stack", "local")
+        assert back_preview.returncode == 0 and f"{DRA}-switch" in back_preview.stdout, back_preview.stdout[-2000:]
         assert local(project_dir, "pulumi", "up", "--stack", "local", "--yes").returncode == 0
         back = status(project_dir, env)
         assert back[DRA]["stage"] == "device-plugin" and all_done(back) == all_done(first)
         assert back[DRA]["node"] == dra_node  # the same worker: a switch back, no replacement
-
-        history = subprocess.run(["pulumi", "stack", "history", "--stack", "local", "--json"], cwd=project_dir,
-                                 env=env, text=True, capture_output=True, timeout=120)  # as the session prints it
-        assert history.returncode == 0, history.stderr
-        assert [u["result"] for u in json.loads(history.stdout)] == ["succeeded"] * 3
+        assert [u["result"] for u in history(project_dir, env)] == ["succeeded"] * 3
         recover = subprocess.run([PY, "-m", "iks_gpu_migration.cli.recover", "--stack", "local", "--project-dir",
                                   str(project_dir)], env=env, text=True, capture_output=True, timeout=120)
         assert recover.returncode == 0 and "no pending operations and no lock to remove" in recover.stdout, recover
