@@ -123,6 +123,11 @@ class ControlPlane:
         return self.workdir / "kubeconfig"
 
     @property
+    def ca_file(self) -> pathlib.Path:
+        """The API server's self-signed serving certificate, which clients trust as its CA."""
+        return self.workdir / "apiserver-certs" / "apiserver.crt"
+
+    @property
     def server(self) -> str:
         return f"https://127.0.0.1:{self.apiserver_port}"
 
@@ -178,7 +183,7 @@ class ControlPlane:
         apiserver.start()
         self._wait_ready(f"{self.server}/readyz", "kube-apiserver /readyz", timeout, [etcd, apiserver])
         # Clients verify the API server: its self-signed serving cert (with its CA) from --cert-dir.
-        self._write_kubeconfig(ca=d / "apiserver-certs" / "apiserver.crt")
+        self._write_kubeconfig(ca=self.ca_file)
         if not self.components:
             return self
 

@@ -1,4 +1,5 @@
-"""The whole local environment: real control plane, kubelet log double and GPU doubles, started and stopped together."""
+"""The whole local environment: real control plane, the container runtime that runs the real GPU Operator, kubelet log
+double and GPU doubles, started and stopped together."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +10,7 @@ from typing import Optional
 from kubernetes import client, config as kconfig
 
 from . import tools
+from .container_runtime import ContainerRuntime, Image, check_isolation
 from .control_plane import ControlPlane, NodeHealth, remove_workdir, self_signed_cert, temp_workdir
 from .gpu_doubles import GpuDoubles
 from .kubelet_logs import KubeletLogServer, LogStore
@@ -25,6 +27,7 @@ class LocalCluster:
     logs: LogStore = field(default_factory=LogStore)
     log_server: Optional[KubeletLogServer] = None
     doubles: Optional[GpuDoubles] = None
+    runtime: Optional[ContainerRuntime] = None
     api_client: Optional[client.ApiClient] = None
     node_health: NodeHealth = NodeHealth()
 
@@ -35,6 +38,7 @@ class LocalCluster:
 
     def start(self) -> "LocalCluster":
         try:
+            check_isolation()
             cert, key = self_signed_cert(self.workdir, "kubelet")
             self.log_server = KubeletLogServer(self.logs, cert, key).start()
             self.control_plane = ControlPlane(self.workdir, tools.bin_dir(), kubelet_port=self.log_server.port,
@@ -42,12 +46,16 @@ class LocalCluster:
             self.control_plane.start()
             self.api_client = kconfig.new_client_from_config(str(self.kubeconfig))
             self.doubles = GpuDoubles(self.api_client, self.logs, wipe_delay=self.wipe_delay).start()
+            self.runtime = ContainerRuntime(self.api_client, self.logs, operator_images(), self.workdir,
+                                            self.control_plane.apiserver_port, self.control_plane.ca_file).start()
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
+        if self.runtime:
+            self.runtime.stop()
         if self.doubles:
             self.doubles.stop()
         if self.control_plane:
@@ -62,3 +70,12 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def operator_images() -> dict[str, Image]:
+    """The GPU Operator's image (the chart's operator.repository/image, nvcr.io/nvidia/gpu-operator), run from what
+    tools/build made of its module. Its Deployment's ports (metrics :8080, probes :8081) would open on this machine,
+    not in a pod's network namespace: its own flags turn them off (cmd/gpu-operator/main.go)."""
+    return {"nvcr.io/nvidia/gpu-operator": Image(
+        "nvcr.io/nvidia/gpu-operator", tools.gpu_operator_root(),
+        no_listen=("--metrics-bind-address=0", "--health-probe-bind-address=0"))}

@@ -1,9 +1,12 @@
 """Test doubles for what can't run here — NVIDIA's operands, GPUs, the kubelet's device and DRA managers — as small
 controllers against the real API server. Each behaviour follows the real component; the source is named beside it.
 
-Node identity: a GPU node is a Node whose label `nvidia.com/gpu.present` is "true" or that carries the IKS GPU flavor
-label; its GPUs are `gpu-migration.local/gpus` (annotation, default 1). GPU UUIDs are derived from the node name, so a
-test can predict them.
+What is not here is the GPU Operator: its real controller runs (container_runtime.py) and labels nodes, creates its
+DaemonSets and reports its ClusterPolicy itself. Node Feature Discovery's worker, which reads the node's PCI devices
+and /etc/os-release, is played here (`_nfd_labels`); nfd-master and its garbage collector run as kwok pods.
+
+Node identity: a GPU node is one that has GPUs (annotation `gpu-migration.local/gpus`, set by the IKS node double on
+GPU flavors); GPU UUIDs are derived from the node name, so a test can predict them.
 """
 from __future__ import annotations
 
@@ -19,7 +22,6 @@ from .kubelet_logs import LogStore
 from .polling import Polled
 
 
-GPU_PRESENT = "nvidia.com/gpu.present"
 GPUS_ANNOTATION = "gpu-migration.local/gpus"
 # IKS GPU workers below 1.36 come with IBM-managed drivers and IBM's device plugin (../shared/reference/iks-api.md;
 # IBM docs "GPU worker nodes"): the node advertises nvidia.com/gpu without the GPU Operator.
@@ -29,31 +31,6 @@ SMI_FAULT_ANNOTATION = "gpu-migration.local/nvidia-smi-fault"
 DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu"
 DRA_DRIVER = "gpu.nvidia.com"
 
-# NVIDIA/gpu-operator v25.10.1 controllers/state_manager.go, `gpuStateLabels`: the deploy labels the operator sets to
-# "true" on GPU nodes of the default (container) workload config (addGPUStateLabels: an existing value is honoured) ...
-OPERAND_LABELS = [
-    "nvidia.com/gpu.deploy.driver",
-    "nvidia.com/gpu.deploy.gpu-feature-discovery",
-    "nvidia.com/gpu.deploy.container-toolkit",
-    "nvidia.com/gpu.deploy.device-plugin",
-    "nvidia.com/gpu.deploy.dcgm",
-    "nvidia.com/gpu.deploy.dcgm-exporter",
-    "nvidia.com/gpu.deploy.node-status-exporter",
-    "nvidia.com/gpu.deploy.operator-validator",
-]
-# ... and every one it deletes when nvidia.com/gpu.deploy.operands=false (updateGPUStateLabels ->
-# removeAllGPUStateLabels): the labels of all three workload configs (container, vm-passthrough, vm-vgpu) and
-# nvidia.com/gpu.deploy.mig-manager (migManagerLabelKey).
-GPU_STATE_LABELS = OPERAND_LABELS + [
-    "nvidia.com/gpu.deploy.sandbox-device-plugin",
-    "nvidia.com/gpu.deploy.sandbox-validator",
-    "nvidia.com/gpu.deploy.vfio-manager",
-    "nvidia.com/gpu.deploy.kata-manager",
-    "nvidia.com/gpu.deploy.cc-manager",
-    "nvidia.com/gpu.deploy.vgpu-manager",
-    "nvidia.com/gpu.deploy.vgpu-device-manager",
-    "nvidia.com/gpu.deploy.mig-manager",
-]
 OPERANDS_LABEL = "nvidia.com/gpu.deploy.operands"
 
 
@@ -88,6 +65,34 @@ def gpu_model(flavor: str) -> GpuModel:
 
 def node_gpu_model(node: client.V1Node) -> GpuModel:
     return gpu_model((node.metadata.labels or {}).get(FLAVOR_LABEL, ""))
+
+
+NFD = "feature.node.kubernetes.io/"
+NVIDIA_PCI_VENDOR = "10de"
+
+
+def nfd_labels(node: client.V1Node, has_gpus: bool) -> dict[str, str]:
+    """What nfd-worker v0.17 finds on a node, as labels (node-feature-discovery source/system/system.go: os_release ID
+    and VERSION_ID with its major/minor parts; source/kernel/kernel.go: kernel-version full/major/minor/revision;
+    source/pci/pci.go: `pci-<fields>.present` for devices of a whitelisted class, with the GPU Operator chart's
+    `deviceLabelFields: [vendor]` and class 0302 (3D controller) whitelisted: `pci-10de.present` for NVIDIA GPUs).
+    The OS and kernel are those the node's kubelet reports (status.nodeInfo)."""
+    info = node.status.node_info if node.status and node.status.node_info else None
+    image = (info.os_image if info else "") or "Ubuntu 24.04"
+    os_id, _, rest = image.partition(" ")
+    version_id = ".".join(rest.split()[0].split(".")[:2]) if rest else ""
+    kernel = (info.kernel_version if info else "") or "5.15.0"
+    k = (kernel.split("-")[0].split(".") + ["0", "0"])[:3]
+    labels = {f"{NFD}system-os_release.ID": os_id.lower(), f"{NFD}system-os_release.VERSION_ID": version_id,
+              f"{NFD}kernel-version.full": kernel, f"{NFD}kernel-version.major": k[0],
+              f"{NFD}kernel-version.minor": k[1], f"{NFD}kernel-version.revision": k[2]}
+    if "." in version_id:
+        major, minor = version_id.split(".", 1)
+        labels.update({f"{NFD}system-os_release.VERSION_ID.major": major,
+                       f"{NFD}system-os_release.VERSION_ID.minor": minor})
+    if has_gpus:
+        labels[f"{NFD}pci-{NVIDIA_PCI_VENDOR}.present"] = "true"
+    return labels
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -132,9 +137,9 @@ class GpuDoubles(Polled):
     # not create them: the plugin's ResourceSlice controller (k8s.io/dynamic-resource-allocation resourceslice)
     # only logs and retries a failed create, so the pod stays Ready.
     publish_slices: bool = True
-    # The operator ignores the fence: it labels nodes with deploy.operands=false like any other GPU node, all operand
-    # labels "true", so its DaemonSets (nodeSelector nvidia.com/gpu.deploy.<operand>=true) put pods there.
-    operator_ignores_fence: bool = False
+    # Another automation owns the labels of nodes with IBM-managed drivers and removes the fence
+    # (nvidia.com/gpu.deploy.operands) as soon as it is set: the operator then labels those nodes like any other.
+    fence_removed_by_someone: bool = False
 
     def __post_init__(self) -> None:
         self.core = client.CoreV1Api(self.api_client)
@@ -149,9 +154,9 @@ class GpuDoubles(Polled):
     def reconcile(self) -> None:
         nodes = {n.metadata.name: n for n in self.core.list_node().items}
         pods = self.core.list_pod_for_all_namespaces().items
-        operator_running = any(_running(p) and _pod_app(p) == "gpu-operator" for p in pods)
-        if operator_running:
-            self._label_operands(nodes)
+        self._nfd_labels(nodes, pods)
+        if self.fence_removed_by_someone:
+            self._remove_fences(nodes)
         by_node: dict[str, list[client.V1Pod]] = {}
         for p in pods:
             if p.spec.node_name:
@@ -167,29 +172,31 @@ class GpuDoubles(Polled):
 
     @staticmethod
     def _is_gpu_node(node: client.V1Node) -> bool:
-        labels = node.metadata.labels or {}
-        return labels.get(GPU_PRESENT) == "true"
+        return GPUS_ANNOTATION in (node.metadata.annotations or {})
 
     @staticmethod
     def _gpus(node: client.V1Node) -> int:
         return int((node.metadata.annotations or {}).get(GPUS_ANNOTATION, "1"))
 
-    def _label_operands(self, nodes: dict[str, client.V1Node]) -> None:
-        """gpu-operator controllers/state_manager.go labelGPUNodes, for nodes with nvidia.com/gpu.present=true
-        (hasCommonGPULabel): add the missing deploy labels (addGPUStateLabels); with deploy.operands=false remove every
-        GPU state label instead (removeAllGPUStateLabels), whoever set it."""
-        for node in nodes.values():
+    def _nfd_labels(self, nodes: dict[str, client.V1Node], pods: list[client.V1Pod]) -> None:
+        """Node Feature Discovery: once its worker pod runs on a node, nfd-master puts the worker's features on the
+        node as labels, and keeps them (kubernetes-sigs/node-feature-discovery v0.17, the GPU Operator chart's
+        subchart)."""
+        workers = {p.spec.node_name for p in pods if _running(p) and (p.metadata.labels or {}).get("role") == "worker"
+                   and (p.metadata.labels or {}).get("app.kubernetes.io/name") == "node-feature-discovery"}
+        for name in workers & nodes.keys():
+            node = nodes[name]
+            want = nfd_labels(node, self._is_gpu_node(node))
             labels = node.metadata.labels or {}
-            if not self._is_gpu_node(node):
-                continue
-            if labels.get(OPERANDS_LABEL) == "false" and self.operator_ignores_fence:
-                patch = {k: "true" for k in OPERAND_LABELS if labels.get(k) != "true"}
-            elif labels.get(OPERANDS_LABEL) == "false":
-                patch = {k: None for k in GPU_STATE_LABELS if k in labels}
-            else:
-                patch = {k: "true" for k in OPERAND_LABELS if k not in labels}
+            patch = {k: v for k, v in want.items() if labels.get(k) != v}
             if patch:
-                self.core.patch_node(node.metadata.name, {"metadata": {"labels": patch}})
+                self.core.patch_node(name, {"metadata": {"labels": patch}})
+
+    def _remove_fences(self, nodes: dict[str, client.V1Node]) -> None:
+        for node in nodes.values():
+            if (node.metadata.annotations or {}).get(IBM_DRIVER_ANNOTATION) == "true" and \
+                    OPERANDS_LABEL in (node.metadata.labels or {}):
+                self.core.patch_node(node.metadata.name, {"metadata": {"labels": {OPERANDS_LABEL: None}}})
 
     def _device_plugin(self, node: client.V1Node, pods: list[client.V1Pod]) -> None:
         """The kubelet's device manager (pkg/kubelet/cm/devicemanager): a registered plugin's healthy devices are

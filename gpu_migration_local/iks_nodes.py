@@ -18,7 +18,7 @@ from iks_gpu_migration.common.versions import version_at_least
 from iks_gpu_migration.plan.gates import IKS_GPU_LABEL
 
 from .polling import Polled
-from .gpu_doubles import GPU_PRESENT, GPUS_ANNOTATION, IBM_DRIVER_ANNOTATION
+from .gpu_doubles import GPUS_ANNOTATION, IBM_DRIVER_ANNOTATION
 
 WORKER_ID_LABEL = "ibm-cloud.kubernetes.io/worker-id"
 
@@ -42,8 +42,8 @@ def node_for(worker: dict, gpus: int = 1) -> dict:
     annotations = {"kwok.x-k8s.io/node": "fake"}
     if gpu:
         # IKS's own GPU label, there before the GPU Operator (iks_gpu_migration/plan/gates.py cites the IBM docs).
+        # nvidia.com/gpu.present comes later, from the GPU Operator, once NFD has found the GPUs.
         labels[IKS_GPU_LABEL] = "true"
-        labels[GPU_PRESENT] = "true"
         annotations[GPUS_ANNOTATION] = str(gpus)
         if not version_at_least(plain, "1.36"):
             annotations[IBM_DRIVER_ANNOTATION] = "true"
@@ -61,8 +61,8 @@ def node_resources() -> dict:
 def node_info(kubelet_version: str) -> dict:
     """status.nodeInfo as a kubelet reports it (every field is required by the API types)."""
     return {"architecture": "amd64", "bootID": "", "containerRuntimeVersion": "containerd://1.7.27",
-            "kernelVersion": "5.15.0", "kubeProxyVersion": kubelet_version, "kubeletVersion": kubelet_version,
-            "machineID": "", "operatingSystem": "linux", "osImage": "Ubuntu 24.04", "systemUUID": ""}
+            "kernelVersion": "6.8.0-88-generic", "kubeProxyVersion": kubelet_version, "kubeletVersion": kubelet_version,
+            "machineID": "", "operatingSystem": "linux", "osImage": "Ubuntu 24.04.3 LTS", "systemUUID": ""}
 
 
 @dataclass

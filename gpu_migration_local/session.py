@@ -83,6 +83,17 @@ def seed(iks: IksEmulator, config: dict) -> None:
     iks._ids = itertools.count(1020)
 
 
+def link_charts(state: pathlib.Path) -> pathlib.Path:
+    """.local/charts/gpu-operator: the real GPU Operator chart tools/build took from its module, where
+    Pulumi.local.yaml's gpuOperator.chart points (the tools cache's path differs per machine and pin)."""
+    link = state / "charts" / "gpu-operator"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(tools.gpu_operator_chart(), target_is_directory=True)
+    return link
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -147,6 +158,7 @@ class Session:
                 shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
         self.paths.state.mkdir(exist_ok=True)
         self.paths.state.chmod(0o700)  # the cluster's credentials and the kubeconfig live below it
+        link_charts(self.paths.state)
         cluster = LocalCluster(workdir=self.paths.state / "cluster", keep_workdir=True)
         (self.paths.state / "cluster").mkdir(parents=True, exist_ok=True)
         iks = IksEmulator(cluster=self.config["gpu-migration:clusterName"], port=port)

@@ -27,8 +27,9 @@ def _versions() -> dict[str, str]:
     return out
 
 
-# What a cold tools/build fills, measured from empty caches (GB): Go's module cache, Go's build cache, the tools cache.
-BUILD_NEEDS_GB = {"GOMODCACHE": 3.5, "GOCACHE": 8.0, "tools": 1.5}
+# What a cold tools/build fills, measured from empty caches (GB; 2026-12-04, with the GPU Operator): Go's module
+# cache, Go's build cache, the tools cache.
+BUILD_NEEDS_GB = {"GOMODCACHE": 4.0, "GOCACHE": 11.0, "tools": 1.0}
 
 
 class ToolsError(RuntimeError):
@@ -61,7 +62,7 @@ def _check_before_cold_build(bin_path: pathlib.Path) -> None:
     go = shutil.which("go")
     if go is None:
         raise ToolsError("Go is not on PATH: tools/build compiles the Pulumi CLI, the Kubernetes provider and control "
-                         "plane, etcd and kwok from Go modules (Go 1.24 or newer; https://go.dev/dl/)")
+                         "plane, etcd, kwok and the NVIDIA GPU Operator from Go modules (Go 1.24 or newer; https://go.dev/dl/)")
     env = subprocess.run([go, "env", "GOMODCACHE", "GOCACHE"], capture_output=True, text=True).stdout.split()
     places = {"tools": bin_path.parent.parent}
     if len(env) == 2:
@@ -82,10 +83,21 @@ def bin_dir() -> pathlib.Path:
         raise RuntimeError(f"tools/build failed with exit code {done.returncode} (its log is on stderr above)")
     path = pathlib.Path(done.stdout.strip().splitlines()[-1])
     missing = [t for t in ("pulumi", "pulumi-resource-kubernetes", "kube-apiserver", "kube-scheduler",
-                           "kube-controller-manager", "etcd", "kwok") if not (path / t).exists()]
+                           "kube-controller-manager", "etcd", "kwok", "../gpu-operator/root/usr/bin/gpu-operator",
+                           "../gpu-operator/chart/Chart.yaml") if not (path / t).exists()]
     if missing:
         raise RuntimeError(f"tools/build finished but {path} lacks {', '.join(missing)}")
     return path
+
+
+def gpu_operator_root() -> pathlib.Path:
+    """The GPU Operator image's filesystem (/usr/bin/gpu-operator, /opt/gpu-operator/...), built from its module."""
+    return bin_dir().parent / "gpu-operator" / "root"
+
+
+def gpu_operator_chart() -> pathlib.Path:
+    """The GPU Operator's Helm chart from the same module (deployments/gpu-operator)."""
+    return bin_dir().parent / "gpu-operator" / "chart"
 
 
 def plugin_version() -> str:
@@ -131,4 +143,5 @@ def versions_line() -> str:
     b = bin_dir()
     pulumi_v = subprocess.run([str(b / "pulumi"), "version"], capture_output=True, text=True).stdout.strip()
     kube_v = subprocess.run([str(b / "kube-apiserver"), "--version"], capture_output=True, text=True).stdout.strip()
-    return f"pulumi {pulumi_v}, kubernetes {kube_v.split()[-1] if kube_v else '?'}"
+    return (f"pulumi {pulumi_v}, kubernetes {kube_v.split()[-1] if kube_v else '?'}, "
+            f"gpu-operator {_versions()['GPU_OPERATOR_MODULE']}")

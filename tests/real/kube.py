@@ -6,7 +6,10 @@ from typing import Callable, TypeVar
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from gpu_migration_local.gpu_doubles import GPUS_ANNOTATION
 from gpu_migration_local.iks_nodes import node_info, node_resources
+
+GPU_PRESENT = "nvidia.com/gpu.present"  # the GPU Operator's label of a node with NVIDIA GPUs
 
 T = TypeVar("T")
 
@@ -28,11 +31,13 @@ def eventually(check: Callable[[], T], what: str, timeout: float = 30.0, interva
 
 def kwok_node(name: str, labels: dict, annotations: dict | None = None, kubelet_version: str = "v1.37.2",
               taints: list | None = None) -> dict:
-    """A Node played by kwok (annotation kwok.x-k8s.io/node=fake), as the local IKS cluster creates them."""
+    """A Node played by kwok (annotation kwok.x-k8s.io/node=fake), as the local IKS cluster creates them. A node
+    labelled nvidia.com/gpu.present=true (as the GPU Operator labels one) has one GPU for the doubles."""
+    gpus = {GPUS_ANNOTATION: "1"} if labels.get(GPU_PRESENT) == "true" else {}
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels},
-                     "annotations": {"kwok.x-k8s.io/node": "fake", **(annotations or {})}},
+                     "annotations": {"kwok.x-k8s.io/node": "fake", **gpus, **(annotations or {})}},
         "spec": {"taints": taints or []},
         "status": {"nodeInfo": node_info(kubelet_version), **node_resources()},
     }

@@ -4,10 +4,13 @@ import shutil
 
 import yaml
 
+from gpu_migration_local import tools
 from gpu_migration_local.engine import Engine
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CHARTS = REPO / "gpu_migration_local" / "charts"
+# The real chart of the GPU Operator module tools/build pins (deployments/gpu-operator/Chart.yaml).
+GPU_OPERATOR_CHART_VERSION = "v1.0.0-devel"
 
 
 def local_config(cluster, iks, nodes: list[dict], kube_version: str = "1.37", **extra) -> dict:
@@ -18,8 +21,8 @@ def local_config(cluster, iks, nodes: list[dict], kube_version: str = "1.37", **
         "kubeconfig": str(cluster.kubeconfig),
         "ibmCloud": {"endpoint": iks.url, "iamEndpoint": iks.url, "allowCustomEndpoints": True},
         "nodes": nodes,
-        "gpuOperator": {"chart": str(CHARTS / "gpu-operator"), "version": "v25.10.1", "namespace": "gpu-operator",
-                        "values": {}},
+        "gpuOperator": {"chart": str(tools.gpu_operator_chart()), "version": GPU_OPERATOR_CHART_VERSION,
+                        "namespace": "gpu-operator", "values": {}},
         "draDriver": {"chart": str(CHARTS / "nvidia-dra-driver-gpu"), "version": "25.8.1",
                       "namespace": "nvidia-dra-driver-gpu",
                       "values": {"nvidiaDriverRoot": "/run/nvidia/driver", "gpuResourcesEnabledOverride": True,

@@ -8,9 +8,9 @@ import uuid
 
 from kubernetes import client
 
-from gpu_migration_local.gpu_doubles import GPU_PRESENT, gpu_uuid
+from gpu_migration_local.gpu_doubles import gpu_uuid
 
-from .kube import eventually, kwok_node
+from .kube import GPU_PRESENT, eventually, kwok_node
 
 RESOURCE = "nvidia.com/gpu"
 

@@ -4,12 +4,11 @@ import uuid
 import pulumi
 from kubernetes import client
 
-from gpu_migration_local.gpu_doubles import GPU_PRESENT
 from iks_gpu_migration.components import dra_path as dra
 from iks_gpu_migration.kube.inventory import IKS_WORKER_ID_LABEL
 from tests.emulators.iks import IksEmulator
 
-from .kube import eventually, kwok_node
+from .kube import GPU_PRESENT, eventually, kwok_node
 from .project import local_config, meaningful, planned_changes
 
 

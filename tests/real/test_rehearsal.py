@@ -37,7 +37,8 @@ def free_port() -> int:
 
 @pytest.fixture
 def project_dir(tmp_path):
-    """A copy of the project with Pulumi.local.yaml, its charts by absolute path and its emulator on a free port."""
+    """A copy of the project with Pulumi.local.yaml (the operator chart where `start` links it, the DRA stand-in by
+    absolute path) and its emulator on a free port."""
     d = tmp_path / "project"
     d.mkdir()
     shutil.copy(REPO / "Pulumi.yaml", d / "Pulumi.yaml")
@@ -46,7 +47,6 @@ def project_dir(tmp_path):
     cfg = stack["config"]
     url = f"http://127.0.0.1:{free_port()}"
     cfg["gpu-migration:ibmCloud"].update(endpoint=url, iamEndpoint=url)
-    cfg["gpu-migration:gpuOperator"]["chart"] = str(CHARTS / "gpu-operator")
     cfg["gpu-migration:draDriver"]["chart"] = str(CHARTS / "nvidia-dra-driver-gpu")
     cfg["gpu-migration:timeouts"]["pollInterval"] = 0.2
     for node in cfg["gpu-migration:nodes"]:
