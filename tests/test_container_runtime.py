@@ -81,3 +81,16 @@ def test_nfd_labels_of_a_gpu_node():
     assert (labels["feature.node.kubernetes.io/kernel-version.major"],
             labels["feature.node.kubernetes.io/kernel-version.minor"]) == ("6", "8")
     assert "feature.node.kubernetes.io/pci-10de.present" not in nfd_labels(node(), has_gpus=False)
+
+
+def test_a_host_without_user_namespaces_is_told_what_to_change(monkeypatch):
+    import subprocess
+
+    from gpu_migration_local import container_runtime as rt
+    monkeypatch.setattr(rt.os, "geteuid", lambda: 1000)
+    refused = subprocess.CompletedProcess([], 1, "", "unshare: write failed /proc/self/uid_map: Operation not permitted")
+    monkeypatch.setattr(rt.subprocess, "run", lambda argv, **kw: refused)
+    with pytest.raises(RuntimeError) as e:
+        rt.check_isolation()
+    assert "`unshare --mount --user --map-root-user` failed (unshare: write failed /proc/self/uid_map" in str(e.value)
+    assert "kernel.apparmor_restrict_unprivileged_userns=0" in str(e.value) and "or run as root" in str(e.value)
