@@ -18,6 +18,7 @@ from typing import Optional
 
 from kubernetes import client
 
+from .container_runtime import os_release
 from .kubelet_logs import LogStore
 from .polling import Polled
 
@@ -78,12 +79,12 @@ def nfd_labels(node: client.V1Node, has_gpus: bool) -> dict[str, str]:
     `deviceLabelFields: [vendor]` and class 0302 (3D controller) whitelisted: `pci-10de.present` for NVIDIA GPUs).
     The OS and kernel are those the node's kubelet reports (status.nodeInfo)."""
     info = node.status.node_info if node.status and node.status.node_info else None
-    image = (info.os_image if info else "") or "Ubuntu 24.04"
-    os_id, _, rest = image.partition(" ")
-    version_id = ".".join(rest.split()[0].split(".")[:2]) if rest else ""
-    kernel = (info.kernel_version if info else "") or "5.15.0"
+    # nfd-worker reads the host's /etc/os-release: the same file the container runtime gives a pod's hostPath.
+    release = dict(line.split("=", 1) for line in os_release(node).splitlines())
+    os_id, version_id = release["ID"], release["VERSION_ID"].strip('"')
+    kernel = (info.kernel_version if info else "") or "6.8.0"
     k = (kernel.split("-")[0].split(".") + ["0", "0"])[:3]
-    labels = {f"{NFD}system-os_release.ID": os_id.lower(), f"{NFD}system-os_release.VERSION_ID": version_id,
+    labels = {f"{NFD}system-os_release.ID": os_id, f"{NFD}system-os_release.VERSION_ID": version_id,
               f"{NFD}kernel-version.full": kernel, f"{NFD}kernel-version.major": k[0],
               f"{NFD}kernel-version.minor": k[1], f"{NFD}kernel-version.revision": k[2]}
     if "." in version_id:
