@@ -7,7 +7,7 @@ from .components import migration
 
 def main() -> None:
     sdk_workarounds.quiet_sdk_debug()
-    sdk_workarounds.one_frame_stack_traces()
+    sdk_workarounds.source_position_only()
     try:
         cfg = config.load()
     except config.ConfigError as e:

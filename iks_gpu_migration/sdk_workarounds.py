@@ -15,8 +15,8 @@ Checked against: pulumi (Python SDK) 3.272.0, under the Pulumi CLI/engine v3.274
    built with the SDK's private `Output.__init__(resources, future, is_known, is_secret)`.
    - every registration captures the whole Python stack, reading each frame's source line (`traceback.extract_stack`
      in pulumi/runtime/resource.py `_get_stack_trace`), and the state keeps it: about 20 frames, 2.5 KB of each
-     resource's 4 KB. `one_frame_stack_traces` keeps the frame the SDK names as the resource's source position,
-     found by walking frames, not by formatting them.
+     resource's 4 KB. `source_position_only` takes the frame the SDK names as the resource's source position,
+     found by walking frames, not by formatting them, and sends that position without a stack trace.
 3. The dynamic-provider host serves every gpu-migration:* resource of a stack from one gRPC server whose thread pool
    has 4 workers (pulumi/dynamic/__main__.py `main`), and each replacement, drain or check holds its thread while it
    waits: 4 nodes of a batch progressed at once, whatever the budget. `widen_provider_host` lifts the pool in the
@@ -82,19 +82,19 @@ def _dropped(msg: str, resource: Any = None, stream_id: Optional[int] = None, ep
     """`pulumi.log.debug`'s signature; sends nothing."""
 
 
-_sdk_stack_trace: Optional[Callable[[], Any]] = None
+_sdk_stack_trace: Optional[tuple[Callable[..., Any], Callable[..., Any]]] = None
 
 
-def one_frame_stack_traces() -> None:
-    """Register resources with only their source position as stack trace (1. above), unless GPU_MIGRATION_SDK_DEBUG=1.
-    `sourcePosition` in the state is the same as before; `stackTrace` keeps that one frame."""
+def source_position_only() -> None:
+    """Register resources with their source position and no stack trace (2. above), unless GPU_MIGRATION_SDK_DEBUG=1.
+    `sourcePosition` in the state is the same as with the SDK's stack trace, whose first frame it is."""
     import pulumi.runtime.resource as sdk_resource  # noqa: PLC0415
 
     if os.environ.get(SDK_DEBUG_ENV) == "1" or sdk_resource._get_stack_trace is _one_frame_stack_trace:
         return
     global _sdk_stack_trace
-    _sdk_stack_trace = sdk_resource._get_stack_trace
-    sdk_resource._get_stack_trace = _one_frame_stack_trace
+    _sdk_stack_trace = (sdk_resource._get_stack_trace, sdk_resource._get_source_position)
+    sdk_resource._get_stack_trace, sdk_resource._get_source_position = _one_frame_stack_trace, _position_of_frame
 
 
 def restore_stack_traces() -> None:
@@ -102,7 +102,21 @@ def restore_stack_traces() -> None:
     if _sdk_stack_trace is not None:
         import pulumi.runtime.resource as sdk_resource  # noqa: PLC0415
 
-        sdk_resource._get_stack_trace, _sdk_stack_trace = _sdk_stack_trace, None
+        (sdk_resource._get_stack_trace, sdk_resource._get_source_position), _sdk_stack_trace = _sdk_stack_trace, None
+
+
+def _position_of_frame(stack: Any) -> Any:
+    """`_get_source_position`'s answer (the first frame's position), taken out of `stack`: the SDK sends both with
+    the registration (pulumi/runtime/resource.py register_resource), and the engine stores a stack trace beside the
+    position even when it is just that frame (about 100 bytes of every resource in every state save)."""
+    from pulumi.runtime.proto import source_pb2  # noqa: PLC0415
+
+    if len(stack.frames) < 1:
+        return None
+    position = source_pb2.SourcePosition()
+    position.CopyFrom(stack.frames[0].pc)
+    del stack.frames[:]
+    return position
 
 
 def _one_frame_stack_trace() -> Any:

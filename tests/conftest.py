@@ -16,6 +16,8 @@ def fresh_worker_claims(monkeypatch):
     monkeypatch.setattr(claims, "CLAIMS", claims.NewWorkerClaims())
     from iks_gpu_migration.iks import pool_rules  # canaries per pool and zone, kept per process the same way
     monkeypatch.setattr(pool_rules, "CANARIES", pool_rules.Canaries())
+    from iks_gpu_migration.iks import master  # masters seen resting, kept per process the same way
+    monkeypatch.setattr(master, "RESTED", set())
 
 
 @pytest.fixture(scope="session")

@@ -361,7 +361,9 @@ def test_bad_drain_options_are_named(raw, drain, key, expected):
 
 
 def test_worker_pool_rules_opt_outs(raw):
-    assert parse(raw).worker_pool_rules.props() == {"allow_rebalancing_off": [], "allow_autoscaling": []}
+    assert parse(raw).worker_pool_rules.props() == {}  # nothing to store per node without opt-outs
+    raw["workerPoolRules"] = {"allowRebalancingOff": ["gpu-a"]}
+    assert parse(raw).worker_pool_rules.props() == {"allow_rebalancing_off": ["gpu-a"]}
     raw["workerPoolRules"] = {"allowRebalancingOff": ["gpu-a"], "allowAutoscaling": ["gpu-b"]}
     assert parse(raw).worker_pool_rules.props() == {"allow_rebalancing_off": ["gpu-a"], "allow_autoscaling": ["gpu-b"]}
     raw["workerPoolRules"] = {"allowAutoscaling": [" "], "allowRebalance": ["gpu-a"]}

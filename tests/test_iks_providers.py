@@ -5,12 +5,16 @@ import os
 import pathlib
 import subprocess
 import sys
+import json
 import threading
+from typing import Optional
 
 import dill
 import grpc
 import pulumi
 import pytest
+from pulumi.dynamic import ConfigureRequest
+from pulumi.dynamic.config import Config as DynamicConfig
 from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import proto, rpc
 from pulumi.runtime.proto import provider_pb2_grpc
@@ -46,8 +50,13 @@ def pool_props(emu: IksEmulator, **overrides) -> dict:
             "api": emu.api(), **FAST, **overrides}
 
 
-def replace(emu: IksEmulator, worker_id: str, **overrides) -> dict:
-    return WorkerReplacementProvider().create(replacement_props(emu, worker_id, **overrides)).outs
+def replace(emu: IksEmulator, worker_id: str, stack_config: Optional[dict] = None, **overrides) -> dict:
+    """A replacement's create; with `stack_config` the provider is first configured with it, as the provider host
+    does with the stack's whole config (values as text, pulumi/dynamic/__main__.py get_provider)."""
+    provider = WorkerReplacementProvider()
+    if stack_config is not None:
+        provider.configure(ConfigureRequest(DynamicConfig(stack_config, "gpu-migration")))
+    return provider.create(replacement_props(emu, worker_id, **overrides)).outs
 
 
 def replace_together(emu: IksEmulator, olds: list[str], join_timeout: float = 40, **overrides) -> dict[str, object]:
@@ -333,14 +342,18 @@ def test_batch_mates_whose_up_was_killed_after_both_requests_resume_to_different
         client.replace_worker("gpu-cluster", old)  # by the killed run
     news = sorted(w["id"] for w in live_workers(emu))
     assert len(news) == 2
+    # The entries come from gpu-migration:nodes, as the engine passes the stack config to a dynamic provider.
+    config = {"gpu-migration:nodes": json.dumps([{"name": e, "workerId": w, "stage": "device-plugin"}
+                                                 for e, w in olds.items()]), "gpu-migration:clusterName": "gpu-cluster"}
     for order in (["10.240.0.12", "10.240.0.11"], ["10.240.0.11", "10.240.0.12"]):
         got = {}
         for entry in order:
             monkeypatch.setattr(claims, "CLAIMS", claims.NewWorkerClaims())  # a new provider process each
-            outs = replace(emu, olds[entry], node_name=entry, entries=olds)
+            outs = replace(emu, olds[entry], stack_config=config, node_name=entry)
             got[entry] = outs["new_worker_id"]
-            # The batch's entries are an input only: each node's copy in the outputs would grow the state O(batch).
-            assert "entries" not in outs and "evict" not in outs
+            # Outputs repeat only what diff and read use: every node's copy is rewritten with every state save.
+            assert set(outs) == {"api", "cluster", "kube_version", "worker_id", "node_name", "old_worker_id",
+                                 "new_worker_id", "actual_version", "drained"}
         assert got == {"10.240.0.11": news[0], "10.240.0.12": news[1]}
     assert emu.count("POST", "/v2/vpc/replaceWorker") == 2
     monkeypatch.setattr(claims, "CLAIMS", claims.NewWorkerClaims())
@@ -562,3 +575,16 @@ def test_create_in_the_real_dynamic_provider_host_with_the_key_from_stack_config
         host.kill()
         host.wait()
         log.close()
+
+
+def test_config_entries_are_read_from_the_stack_config_as_the_engine_passes_it():
+    from iks_gpu_migration.iks.provider import config_entries
+    nodes = [{"name": "10.240.0.11", "workerId": "w1", "stage": "dra"}, {"name": "10.240.0.12", "workerId": "w2"}]
+    assert config_entries(json.dumps(nodes)) == config_entries(nodes) == {"10.240.0.11": "w1", "10.240.0.12": "w2"}
+    assert config_entries(None) == config_entries("{not json") == config_entries('{"name": "x"}') == {}
+    assert config_entries(json.dumps([{"name": "x"}, "y", {"workerId": "w"}])) == {}  # validated by the program
+    provider = WorkerReplacementProvider()
+    provider.configure(ConfigureRequest(DynamicConfig({"gpu-migration:nodes": json.dumps(nodes)}, "gpu-migration")))
+    assert provider.entries({}) == {"10.240.0.11": "w1", "10.240.0.12": "w2"}
+    assert provider.entries({"entries": {"a": "w9"}}) == {"a": "w9"}  # a provider used on its own, given them
+    assert WorkerReplacementProvider().entries({}) == {}  # not configured (tests): none

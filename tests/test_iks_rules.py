@@ -2,6 +2,7 @@
 target stops `up` early) and pool rules (rebalancing on, no autoscaler, one canary per pool and zone), decided by
 plan/iks_rules.py and enforced by the providers against the emulator, which knows the same rules."""
 import threading
+import time
 
 import pytest
 
@@ -276,3 +277,67 @@ def test_a_canary_stopped_before_its_request_frees_its_pool_and_zone_for_the_nex
     assert len(refused) == 1 and len(drained) == 2, results
     (mate,) = set(olds) - set(refused)
     assert isinstance(results[mate], dict) and [old for _, old in emu.replace_log] == [mate]
+
+
+def test_a_batch_mate_goes_as_soon_as_the_canary_shows_its_new_worker_not_a_poll_interval_later():
+    """The canary's news is this process's own: its batch-mates wake on it (Canaries notifies), so a production
+    pollInterval (15 s) is not added to every batch."""
+    from iks_gpu_migration.iks import pool_rules
+    canaries = pool_rules.Canaries()
+    props = {"cluster": "gpu-cluster", "timeout": 60, "poll_interval": 30}
+    canary, mate = ({"id": w, "poolID": "gpu", "poolName": "gpu", "location": "us-south-1"} for w in ("w1", "w2"))
+    canaries.wait_turn(props, canary)  # the first of its pool and zone: the canary, not held
+    went: list[float] = []
+    waiter = threading.Thread(target=lambda: (canaries.wait_turn(props, mate), went.append(time.monotonic())))
+    waiter.start()
+    time.sleep(0.3)
+    assert not went  # held while the canary shows nothing
+    shown = time.monotonic()
+    canaries.shown("gpu-cluster", "gpu-cluster/w1")
+    waiter.join(5)
+    assert went and went[0] - shown < 1.0, went
+
+
+# The master before each replacement ----------------------------------------------------------------------------
+
+def test_once_the_master_was_seen_resting_the_check_before_a_replacement_takes_one_reading(emu):
+    from iks_gpu_migration.iks.master import wait_master_at
+    client, props = IksClient.from_api(emu.api()), {"timeout": 5, "poll_interval": 0.01}
+    readings = lambda: emu.count("GET", "/v2/vpc/getCluster")  # noqa: E731
+    before = readings()
+    wait_master_at(client, "gpu-cluster", "1.36", props)
+    assert readings() - before == 3  # three resting readings in a row, the first time in this process
+    before = readings()
+    wait_master_at(client, "gpu-cluster", "1.36", props)
+    assert readings() - before == 1  # a master operation started since would show on it
+    emu.busy_master(ticks=3)  # ... as this one does: three readings in a row once more
+    before = readings()
+    wait_master_at(client, "gpu-cluster", "1.36", props)
+    assert readings() - before >= 4
+    before = readings()
+    wait_master_at(client, "gpu-cluster", "1.36", props)
+    assert readings() - before == 1
+
+
+def test_the_master_version_resource_counts_as_seeing_the_master_rest(emu):
+    from iks_gpu_migration.iks.master import wait_master_at
+    MasterVersionProvider().create(master_props(emu, "1.36"))
+    before = emu.count("GET", "/v2/vpc/getCluster")
+    wait_master_at(IksClient.from_api(emu.api()), "gpu-cluster", "1.36", {"timeout": 5, "poll_interval": 0.01})
+    assert emu.count("GET", "/v2/vpc/getCluster") - before == 1
+
+
+def test_the_canary_looks_for_its_new_worker_right_after_its_request(emu):
+    """IKS may show the new worker at once; the canary's batch-mates then go without waiting a poll interval of the
+    canary's (here 3 s; production's default is 15 s)."""
+    from iks_gpu_migration.iks import master
+    master.RESTED.add(("gpu-cluster", "1.36"))  # seen resting (MasterVersion): one reading before each replacement
+    olds = [emu.add_worker()["id"] for _ in range(2)]
+    emu.stick_new_workers = True  # provisioning forever: both replacements time out after their requests
+    started = time.monotonic()
+    results = replace_together(emu, olds, timeout=2, poll_interval=3)
+    assert all(isinstance(r, WaitTimeout) for r in results.values()), results
+    assert len(emu.replace_log) == 2  # the batch-mate's request came after the canary showed its new worker
+    assert time.monotonic() - started < 5.5  # each: its request, at once its new worker, one interval, timeout
+    (_, canary), (_, mate) = emu.replace_log
+    assert "new worker" in str(results[mate]) or "provisioning" in str(results[mate]), results[mate]

@@ -834,6 +834,31 @@ def test_a_switch_recorded_before_it_absorbed_the_rollback_and_readiness_checks_
     assert gated.replaces == ["pending_gate"]  # later, a changed gate runs the node's checks again
 
 
+def test_a_switch_repeats_only_what_its_diff_and_read_use_and_its_settings_change_nothing():
+    """Timeouts and the rollback check pod's settings steer a run (read from the new inputs): not repeated in the
+    outputs (each copy costs every state save its bytes, per node) and no `~` when they change. A switch recorded
+    when the outputs repeated every input diffs the same way."""
+    provider = _NodePathSwitchProvider()
+    inputs = {"kubeconfig": "/k", "node": "n1", "target": "device-plugin", "pilot_label": PILOT,
+              "device_plugin_resource": "nvidia.com/gpu", "extended_resource": ER, "driver": DRIVER,
+              "drain_timeout": 60, "switch_timeout": 60, "poll_interval": 1, "check_image": "cuda",
+              "check_namespace": NS, "check_timeout": 60, "operator_namespace": "gpu-operator",
+              "operator_min_version": "1.36", "gpu_resources": [ER], "pending_gate": False, "ready_timeout": 60,
+              "config_name": "n1"}
+    results = {"switched": False, "rolling_back": False, "ready": True, "pending": []}
+    outs = {**provider._kept(inputs), **results}
+    assert set(outs) - set(results) == {"kubeconfig", "node", "target", "pilot_label", "device_plugin_resource",
+                                        "extended_resource", "driver", "operator_namespace", "gpu_resources",
+                                        "pending_gate"}
+    settings = {"drain_timeout": 900, "ready_timeout": 1200, "check_image": "cuda:13", "poll_interval": 5}
+    for olds in (outs, {**inputs, **results}):  # trimmed outputs, and ones that repeated every input
+        assert not provider.diff("id", olds, {**inputs, **settings}).changes
+        assert provider.diff("id", olds, {**inputs, "target": "dra"}).replaces == ["target"]
+        assert provider.diff("id", olds, {**inputs, "kubeconfig": "/other"}).changes  # read uses it: recorded
+    updated = provider.update("id", {**inputs, **results}, {**inputs, "kubeconfig": "/other"}).outs
+    assert updated == {**outs, "kubeconfig": "/other"}  # the results stay, the settings leave the outputs
+
+
 class CheckPods:
     """Plays the scheduler and kubelet for the check pods the rollback verification creates: each is bound to the
     node its nodeSelector names and ends in `phase`, having printed `log` (like `nvidia-smi -L`)."""

@@ -47,13 +47,12 @@ CASES = {
         "~": {"dra-driver"}, "+": set(), "-": set(), "+-": set()}),
     "deviceSelectors": (lambda r: r.update(deviceSelectors=["device.attributes['gpu.nvidia.com'].index == 0"]), {
         "~": {"device-class"}, "+": set(), "-": set(), "+-": set()}),
-    # The device-plugin node's switch keeps the rollback check's image for a later rollback: updated, nothing re-run.
+    # The switches read the rollback check's image and their timeouts from their inputs when they run: nothing of
+    # them changes (no step per node, each of which would save the whole state twice).
     "smokeTest.image": (lambda r: r["smokeTest"].update(image="nvcr.io/nvidia/cuda:13.0.0-base-ubi9"), {
-        "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification"}, "~": names(DP, "switch"), "+": set(),
-        "-": set()}),
+        "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification"}, "~": set(), "+": set(), "-": set()}),
     "timeouts": (lambda r: r["timeouts"].update(drain=900, operatorReady=1200), {
-        "~": names(DP, "switch") | names(DRA, "switch") | {"batch-1-dra-preflight"},
-        "+": set(), "-": set(), "+-": set()}),
+        "~": {"batch-1-dra-preflight"}, "+": set(), "-": set(), "+-": set()}),
     "smokeTest.command": (lambda r: r["smokeTest"].update(command=["nvidia-smi", "-L"]), {
         "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification"}, "~": set(), "+": set(), "-": set()}),
     "IKS timeouts": (lambda r: r["timeouts"].update(masterUpdate=7200, workerReplace=7200, workerPool=7200), {

@@ -64,7 +64,7 @@ def stack_traces_from_a_resource_constructor():
 
     class Resource:
         def __init__(self):
-            self.traces = (sdk_workarounds._sdk_stack_trace or sdk_resource._get_stack_trace)(), \
+            self.traces = (sdk_workarounds._sdk_stack_trace or (sdk_resource._get_stack_trace,))[0](), \
                 sdk_workarounds._one_frame_stack_trace()
 
     class CustomResource(Resource):
@@ -81,26 +81,31 @@ def stack_traces_from_a_resource_constructor():
     return declare().traces, declare.__code__.co_firstlineno + 1
 
 
-def test_resources_keep_their_source_position_and_only_that_frame():
+def test_resources_keep_their_source_position_and_no_stack_trace():
+    import pulumi.runtime.resource as sdk_resource
     (full, one), line = stack_traces_from_a_resource_constructor()
     assert len(full.frames) > 3  # the SDK's: every frame down to the test runner
     assert list(one.frames) == list(full.frames[:1])
-    assert one.frames[0].pc.line == line and one.frames[0].pc.uri == pathlib.Path(__file__).as_uri()
+    sdk_position = (sdk_workarounds._sdk_stack_trace or (None, sdk_resource._get_source_position))[1](full)
+    position = sdk_workarounds._position_of_frame(one)
+    assert position == sdk_position and (position.line, position.uri) == (line, pathlib.Path(__file__).as_uri())
+    assert len(one.frames) == 0  # what the registration then sends as its stack trace: nothing beside the position
 
 
-def test_one_frame_stack_traces_are_installed_unless_sdk_debugging(monkeypatch):
+def test_source_position_only_is_installed_unless_sdk_debugging(monkeypatch):
     import pulumi.runtime.resource as sdk_resource
-    sdk = sdk_resource._get_stack_trace
+    sdk = (sdk_resource._get_stack_trace, sdk_resource._get_source_position)
     monkeypatch.delenv(sdk_workarounds.SDK_DEBUG_ENV, raising=False)
     try:
-        sdk_workarounds.one_frame_stack_traces()
+        sdk_workarounds.source_position_only()
         assert sdk_resource._get_stack_trace is sdk_workarounds._one_frame_stack_trace
+        assert sdk_resource._get_source_position is sdk_workarounds._position_of_frame
     finally:
         sdk_workarounds.restore_stack_traces()
-    assert sdk_resource._get_stack_trace is sdk
+    assert (sdk_resource._get_stack_trace, sdk_resource._get_source_position) == sdk
     monkeypatch.setenv(sdk_workarounds.SDK_DEBUG_ENV, "1")
-    sdk_workarounds.one_frame_stack_traces()
-    assert sdk_resource._get_stack_trace is sdk
+    sdk_workarounds.source_position_only()
+    assert sdk_resource._get_stack_trace is sdk[0]
 
 
 def test_queued_registrations_start_before_the_sdk_waits():
@@ -130,7 +135,9 @@ RELIED_ON = {
     ("pulumi.output", "Output.__init__"): ("13bd5242836b8fb6", "sdk_workarounds.edge_free builds Outputs without resources"),
     ("pulumi.runtime.stack", "wait_for_rpcs"): ("0bf483f44da06fc7", "sdk_workarounds.start_registrations_before_waiting"),
     ("pulumi.log", "_log"): ("4c35856b0f48b12f", "sdk_workarounds.quiet_sdk_debug (each message a blocking gRPC call)"),
-    ("pulumi.runtime.resource", "_get_stack_trace"): ("c1f8beec3dad09fa", "sdk_workarounds.one_frame_stack_traces keeps its first frame, found the same way"),
+    ("pulumi.runtime.resource", "_get_stack_trace"): ("c1f8beec3dad09fa", "sdk_workarounds.source_position_only takes its first frame, found the same way"),
+    ("pulumi.runtime.resource", "_get_source_position"): ("dd45f49435f0b753", "sdk_workarounds.source_position_only: the position is the first frame's"),
+    ("pulumi.runtime.resource", "register_resource"): ("094e3752d490c7e0", "sdk_workarounds.source_position_only: the position is taken right after the stack trace, which is sent after it"),
     ("pulumi.log", "debug"): ("766897f70e3a1770", "sdk_workarounds._dropped keeps its signature"),
     ("pulumi.runtime.resource_cycle_breaker", "_reachable"): ("0c1f86785ecdff23", "the O(n) cycle check edge-free Outputs avoid"),
     ("pulumi.dynamic.dynamic", "serialize_provider"): ("8d5613fceef2f9b0", "state_compat: providers pickled by module and class"),

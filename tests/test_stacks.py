@@ -49,8 +49,10 @@ def test_pilot_declares_each_stage(pilot_run):
     assert {"gpu-operator", "dra-driver", "device-class", "batch-1-dra-preflight", "smoke-namespace"} <= run.names()
     replacement = run.named(f"{DP_NODE}-replacement").inputs
     assert (replacement["worker_id"], replacement["kube_version"]) == ("kube-pilot0001-gpu-00000102", "1.37")
-    # Siblings are no longer passed (O(n^2) inputs at fleet scale); a resumed replacement relies on its own state.
-    assert replacement["other_worker_ids"] == []
+    # Siblings are no longer passed (O(n^2) inputs at fleet scale), nor the batch's entries (the provider reads
+    # gpu-migration:nodes from its config): a resumed replacement relies on its state, the nodes' records and config.
+    assert "other_worker_ids" not in replacement and "entries" not in replacement
+    assert "single_gpu_node" not in replacement and "pool_rules" not in replacement  # at their defaults: not stored
     assert run.named(f"smoke-{DRA_NODE}").inputs["spec"]["nodeSelector"]["kubernetes.io/hostname"] == DRA_NODE
     # One preflight per batch with dra nodes, over that batch (kube/preflight.py preflight with the pilot label).
     preflight = run.named("batch-1-dra-preflight").inputs
@@ -214,8 +216,8 @@ def test_single_gpu_node_is_replaced_only_with_a_temp_pool():
     assert run_program(raw).named(f"{DP_NODE}-replacement").inputs["single_gpu_node"] is True
     raw["tempGpuPool"] = {"enabled": True, "flavor": "gx3.16x80.l4", "zone": "us-south-1", "vpcId": "r006-vpc",
                           "subnetId": "0717-subnet"}
-    assert run_program(raw).named(f"{DP_NODE}-replacement").inputs["single_gpu_node"] is False
-    assert run_program(pilot()).named(f"{DP_NODE}-replacement").inputs["single_gpu_node"] is False
+    assert "single_gpu_node" not in run_program(raw).named(f"{DP_NODE}-replacement").inputs
+    assert "single_gpu_node" not in run_program(pilot()).named(f"{DP_NODE}-replacement").inputs
 
 
 def test_temp_pool_comes_before_replacements():

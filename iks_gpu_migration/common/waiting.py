@@ -50,6 +50,22 @@ def interruptible_sleep(seconds: float, slice_: float = 0.2) -> None:
         time.sleep(min(slice_, left))
 
 
+def sleep_until(changed: Callable[[], bool], condition: threading.Condition, seconds: float,
+                slice_: float = 0.2) -> None:
+    """interruptible_sleep that ends as soon as `changed()` holds; `changed` is read under `condition`, which whoever
+    changes it notifies. For waits on something this process does (another thread's step): no poll interval lost."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if shutting_down():
+            raise Interrupted("interrupted: the engine that started this provider is gone" if engine_gone()
+                              else "interrupted: the provider process is shutting down")
+        left = deadline - time.monotonic()
+        with condition:
+            if left <= 0 or changed():
+                return
+            condition.wait(min(slice_, left))
+
+
 def progress(message: str) -> None:
     """A wait's progress: shown as it happens, not again in the CLI's closing Diagnostics (ephemeral: pulumi/pulumi
     pkg/backend/display/progress.go skips ephemeral payloads there), which would otherwise repeat every line (in the
@@ -64,10 +80,12 @@ def wait_for(
     interval: float = 10.0,
     log: Callable[[str], None] = progress,
     heartbeat: float = 60.0,
+    sleep: Callable[[float], None] = interruptible_sleep,
 ) -> T:
     """Call `poll` until it returns (done=True, value, state); log `state` while waiting.
 
-    `poll` returns (done, value, human-readable state). Exceptions from `poll` propagate.
+    `poll` returns (done, value, human-readable state). Exceptions from `poll` propagate. `sleep` waits between
+    polls (one that returns early makes the next poll come sooner; the timeout still holds).
     On timeout raises WaitTimeout naming `what`, the timeout and the last state seen.
     """
     started = time.monotonic()
@@ -87,7 +105,7 @@ def wait_for(
         retry=tenacity.retry_if_result(lambda result: not result[0]),
         wait=tenacity.wait_fixed(interval),
         stop=tenacity.stop_after_delay(timeout),
-        sleep=interruptible_sleep,
+        sleep=sleep,
         reraise=True,
     )
     try:

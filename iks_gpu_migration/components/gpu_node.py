@@ -80,10 +80,6 @@ class GpuNode(pulumi.ComponentResource):
         self._switch(operator_namespace)
         self.done_by = [self.switch]
 
-    def _batch_entries(self, evict: Optional[dict[str, Any]]) -> dict[str, str]:
-        batch = set(((evict or {}).get("budget") or {}).get("batch") or [self.node.name])
-        return {n.name: n.worker_id for n in self.cfg.nodes if n.name in batch}
-
     def _replace(self, after: list[pulumi.Resource], evict: Optional[dict[str, Any]]) -> None:
         """A worker replaced at the target version (idempotent once done); its node name can change."""
         node, cfg, t = self.node, self.cfg, self.cfg.timeouts
@@ -96,15 +92,12 @@ class GpuNode(pulumi.ComponentResource):
             api=self.ctx.ibm_api,
             timeout=t.worker_replace,
             poll_interval=t.poll_interval,
-            # To pair new workers when resumed: the batch's entries, replaced together (O(batch), not O(fleet), per
-            # node in the state). The budget's batch is the node's batch (components/migration.py drain_budgets).
-            entries=self._batch_entries(evict),
             # The only GPU node is replaced only with a temporary GPU pool to take its workloads.
             single_gpu_node=len(cfg.nodes) == 1 and not cfg.temp_gpu_pool.enabled,
             # Before each replaceWorker (also on a kubeVersion bump) the node is cordoned and its pods evicted.
             evict=evict,
             # Pools that may be replaced although rebalancing is off or the autoscaler manages them (iks/pool_rules.py).
-            pool_rules=cfg.worker_pool_rules.props(),
+            pool_rules=cfg.worker_pool_rules.props() or None,
             opts=pulumi.ResourceOptions(parent=self,
                                         depends_on=[*after, *filter(None, [self.fence, self.before_hook])]),
         )

@@ -57,14 +57,17 @@ def ibm_api(cfg: MigrationConfig) -> dict[str, Any]:
 def eviction_settings(cfg: MigrationConfig, temp_pool: Any) -> dict[str, Any]:
     """kube/eviction.py settings for every WorkerReplacement: with a temporary pool, its nodes must offer GPUs first."""
     resources = list(dict.fromkeys([cfg.device_plugin_resource, "nvidia.com/gpu"]))
-    return {
+    settings = {
         "kubeconfig": cfg.kubeconfig,
         "timeout": cfg.timeouts.evict,
         "poll_interval": cfg.timeouts.poll_interval,
-        "gpu_nodes": temp_pool.node_names if temp_pool is not None else [],
         "gpu_resources": resources,
-        "drain": cfg.drain.model_dump(),  # kubectl drain's options (plan/drain.py)
+        # kubectl drain's options (plan/drain.py), those set: every node's replacement stores them
+        "drain": cfg.drain.model_dump(exclude_defaults=True),
     }
+    if temp_pool is not None:
+        settings["gpu_nodes"] = temp_pool.node_names
+    return settings
 
 
 def drain_budgets(cfg: MigrationConfig, plan: Plan) -> dict[str, dict[str, Any]]:
@@ -96,7 +99,8 @@ def declare(cfg: MigrationConfig) -> Declared:
         return declare_pool_stack(cfg, ctx, out)
     out.master = master_version(cfg, ctx, out.inventory)
     out.temp_pool = temp_gpu_pool(cfg, ctx, out.master)
-    after = [out.master, out.inventory, *filter(None, [out.temp_pool])]
+    # The inventory comes before the master and every fence: an edge to it would only be stored with every node.
+    after = [out.master, *filter(None, [out.temp_pool])]
     gpu_nodes = [GpuNode(n, cfg, ctx, out.inventory) for n in cfg.nodes]
     operator = GpuOperator(cfg, ctx, gpu_nodes, out.inventory)
     out.gpu_operator, out.operand_placement = operator.release, operator.placement
@@ -144,7 +148,7 @@ def declare_pool_stack(cfg: MigrationConfig, ctx: Context, out: Declared) -> Dec
         opts=pulumi.ResourceOptions(depends_on=[out.inventory]))
     out.master = ready
     out.temp_pool = temp_gpu_pool(cfg, ctx, ready)
-    after = [ready, out.inventory, *filter(None, [out.temp_pool])]
+    after = [ready, *filter(None, [out.temp_pool])]  # ready and every fence come after the inventory
     gpu_nodes = [GpuNode(n, cfg, ctx, out.inventory) for n in cfg.nodes]
     return roll_out(cfg, out, gpu_nodes, after, once_done(cfg.gpu_operator.namespace, [ready]), None, None)
 

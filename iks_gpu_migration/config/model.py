@@ -214,9 +214,9 @@ class WorkerPoolRules(Model):
         return v
 
     def props(self) -> dict[str, list[str]]:
-        """The WorkerReplacement input `pool_rules`."""
-        return {"allow_rebalancing_off": list(self.allow_rebalancing_off),
-                "allow_autoscaling": list(self.allow_autoscaling)}
+        """The WorkerReplacement input `pool_rules`: the lists set ({} without any)."""
+        return {k: list(v) for k, v in (("allow_rebalancing_off", self.allow_rebalancing_off),
+                                        ("allow_autoscaling", self.allow_autoscaling)) if v}
 
 
 class SharedBudget(Model):

@@ -15,6 +15,13 @@ from .workers import is_deleting, worker_version
 
 MAX_MASTER_REQUESTS = 3  # an update that keeps falling back to the old version needs a human
 
+# (cluster, major.minor) of masters this provider process saw rest there on several readings in a row (MasterVersion,
+# or the check before a replacement). The check before each later replacement then takes one resting reading: it
+# guards against a master operation started since, which a single reading shows; the readings in a row are for a
+# master that was just updated and may still flap (terraform waitForVpcClusterMasterAvailable). A reading that does
+# not rest drops the entry, so the next check counts its readings in a row again.
+RESTED: set[tuple[str, str]] = set()
+
 
 def master_rests(info: dict) -> bool:
     """deployed + normal + Ready: no master operation runs (terraform waitForVpcClusterMasterAvailable)."""
@@ -70,6 +77,7 @@ class MasterVersionProvider(_IksProvider):
             raise IksApiError(skew)
         for step in steps or [target]:
             info = self._update_to(client, cluster, step, props)
+        RESTED.add((cluster, major_minor(info.get("masterKubeVersion") or target)))
         return {**_public(props), "actual_version": info.get("masterKubeVersion")}
 
     def _update_to(self, client: IksClient, cluster: str, target: str, props: dict[str, Any]) -> dict:
@@ -121,10 +129,15 @@ def pool_versions(client: IksClient, cluster: str) -> dict[str, str]:
 def wait_master_at(client: IksClient, cluster: str, target: str, props: dict[str, Any]) -> None:
     """Gate before a worker is replaced (and drained): the master rests at the target's major.minor, not above it."""
     timeout, interval = _IksProvider.timing(props, 5400)
-    streak = Streak(_IksProvider.readings(props))
+    key = (cluster, major_minor(target))
+    streak = Streak(1 if key in RESTED else _IksProvider.readings(props))
 
     def poll() -> tuple[bool, None, str]:
+        nonlocal streak
         info = client.get_cluster(cluster)
+        if not master_rests(info) and streak.needed == 1:
+            RESTED.discard(key)
+            streak = Streak(_IksProvider.readings(props))
         above = iks_rules.master_above_target(cluster, info.get("masterKubeVersion"), target)
         if above and master_rests(info):
             raise ReplacementError(above)
@@ -137,6 +150,7 @@ def wait_master_at(client: IksClient, cluster: str, target: str, props: dict[str
         return streak.see("master", master_rests(info)), None, f"{describe_master(info)}; {streak.of('master')}"
 
     wait_for(f"master of cluster {cluster} to rest before a worker replacement", poll, timeout, interval)
+    RESTED.add(key)
 
 
 class MasterVersion(dyn.Resource, module="gpu-migration", name="MasterVersion"):

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import pulumi
 
-from ..common.waiting import WaitTimeout, wait_for
+from ..common.waiting import WaitTimeout, sleep_until, wait_for
 from ..plan import iks_rules
 from .api import IksClient
 from .provider import ReplacementError, _IksProvider, _log
@@ -97,6 +97,14 @@ class Canaries:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_group: dict[tuple[str, str, str], _Canary] = {}
+        # Batch-mates wait on this, not on a poll interval: the canary's news is this process's own (shown, end).
+        self._changed = threading.Condition(self._lock)
+        self._generation = 0
+
+    def _notify(self) -> None:
+        """Under the lock: a canary showed its new worker, or ended."""
+        self._generation += 1
+        self._changed.notify_all()
 
     @staticmethod
     def group(cluster: str, worker: dict) -> tuple[str, str, str]:
@@ -122,8 +130,11 @@ class Canaries:
         _log(f"worker {worker['id']} waits for the canary of {where}: worker {canary.worker}'s replacement must show "
              f"its new worker first")
 
+        seen = [self._generation]
+
         def poll() -> tuple[bool, None, str]:
             with self._lock:
+                seen[0] = self._generation
                 current = self._by_group.get(key)
             if current is not None and current.failed:
                 raise ReplacementError(
@@ -135,7 +146,8 @@ class Canaries:
 
         try:
             wait_for(f"the canary of {where} (worker {canary.worker}) to show its new worker before worker "
-                     f"{worker['id']} is replaced", poll, timeout, interval)
+                     f"{worker['id']} is replaced", poll, timeout, interval,
+                     sleep=lambda seconds: sleep_until(lambda: self._generation != seen[0], self._changed, seconds))
         except WaitTimeout as e:
             raise ReplacementError(f"{e}; worker {worker['id']} was neither drained nor replaced. Check the canary's "
                                    f"replacement above; re-running `pulumi up` retries") from None
@@ -150,6 +162,7 @@ class Canaries:
             for key, canary in self._by_group.items():
                 if key[0] == cluster and canary.claimant == claimant:
                     canary.shown = True
+                    self._notify()
 
     def end(self, cluster: str, claimant: str, error: Optional[BaseException], requested: bool = True) -> None:
         """The replacement `claimant` returned (error None) or stopped: a canary whose replace IKS accepted but that
@@ -164,6 +177,7 @@ class Canaries:
                     canary.failed = str(error) or type(error).__name__
                 else:
                     del self._by_group[key]
+                self._notify()
 
 
 CANARIES = Canaries()

@@ -5,6 +5,7 @@ each operation builds its own IksClient.
 The API key comes from the `api` input (a Pulumi secret), else the stack config gpu-migration:ibmApiKey (seen by the
 provider's `configure`, which is what `delete` relies on: outputs never hold the key), else IC_API_KEY.
 """
+import json
 from typing import Any, Optional
 
 import pulumi
@@ -34,9 +35,36 @@ def _public(props: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+NODES_CONFIG = "gpu-migration:nodes"
+
+
+def config_entries(raw: Any) -> dict[str, str]:
+    """Config entry name -> configured worker ID, from gpu-migration:nodes as the engine passes it to a dynamic
+    provider (the stack's whole config, each value as its text: JSON for a list). The program validated the list
+    before any resource ran (config/loading.py), so malformed entries are only skipped here."""
+    try:
+        nodes = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError:
+        return {}
+    return {str(n["name"]): str(n["workerId"]) for n in nodes or [] if isinstance(n, dict)
+            and n.get("name") and n.get("workerId")} if isinstance(nodes, list) else {}
+
+
 class _IksProvider(dyn.ResourceProvider):
+    # Pickled by module and class, holding nothing (state_compat.py; the API key comes with `api` or `configure`): no
+    # secret to hide. The SDK still makes it one if it captured a secret (pulumi/dynamic/dynamic.py).
+    serialize_as_secret_always = False
+
     def configure(self, req: dyn.ConfigureRequest) -> None:
+        """The engine gives a dynamic provider the stack's whole config (pulumi/pulumi pkg/resource/deploy/target.go
+        GetPackageConfig; pulumi/dynamic/__main__.py get_provider calls this once per process)."""
         self._stack_api_key = req.config.get(API_KEY_CONFIG)
+        self._entries = config_entries(req.config.get(NODES_CONFIG))
+
+    def entries(self, props: dict[str, Any]) -> dict[str, str]:
+        """Every config entry (name -> configured worker ID): an `entries` input where one is given (a provider used
+        on its own), else the stack config's."""
+        return dict(props.get("entries") or getattr(self, "_entries", None) or {})
 
     def client(self, props: dict[str, Any]) -> IksClient:
         return IksClient.from_api(props.get("api") or {}, getattr(self, "_stack_api_key", None))

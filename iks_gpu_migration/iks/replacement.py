@@ -21,7 +21,13 @@ from .workers import describe_worker, is_deleted, is_deleting, is_deployed, is_f
 _RECORDED = ("old_worker_id", "new_worker_id", "node_name", "actual_version")
 
 
-INPUT_ONLY = ("entries", "evict")
+# The inputs the outputs repeat: diff compares them, read and a kubeVersion bump's update start from them.
+KEPT_INPUTS = ("api", "cluster", "kube_version", "worker_id", "node_name")
+
+
+def compact_drain(record: Optional[dict]) -> Optional[dict]:
+    """What the drain moved, without its empty lists (`status` reads a missing list as empty)."""
+    return {k: v for k, v in record.items() if v} if isinstance(record, dict) else record
 
 
 class WorkerReplacementProvider(_IksProvider):
@@ -111,15 +117,15 @@ class WorkerReplacementProvider(_IksProvider):
             pulumi.log.warn(f"worker {new['id']} runs {actual}: IKS's newest worker fix pack, not the pinned "
                             f"kubeVersion {target}; it is not replaced again")
         return {
-            # The batch's entries and the drain settings (O(batch) each) are inputs only: nothing reads them back
-            # from the outputs, and each node's copy is rewritten with every state save.
-            **{k: v for k, v in _public(props).items() if k not in INPUT_ONLY},
+            # Of the inputs only what diff and read use: the rest (drain settings with the batch, timeouts, pool
+            # rules) steers a run and is read from the new inputs; each copy is rewritten with every state save.
+            **{k: v for k, v in _public(props).items() if k in KEPT_INPUTS},
             "old_worker_id": start,
             "new_worker_id": new["id"],
             "node_name": primary_ip(new) or props.get("node_name"),
             "actual_version": actual,
             # What the drain moved (read by `status`); a resumed replacement reads what the killed run recorded.
-            "drained": run.drained,
+            "drained": compact_drain(run.drained),
         }
 
     @staticmethod
@@ -259,7 +265,7 @@ class _Run:
             pool_rules.CANARIES.adopt(self.cluster, self.claimant, cur)
         pool = self.client.get_worker_pool(self.cluster, cur.get("poolID")) if resumed else None
         recorded = recorded_by_other_entries(self.props) if resumed else {}
-        configured, own = self.props.get("entries") or {}, self.props.get("node_name")
+        configured, own = self.provider.entries(self.props), self.props.get("node_name")
         entries = current_workers(configured, recorded, workers)
         waiting = None
         if resumed and own in entries:
@@ -309,7 +315,11 @@ class _Run:
         drained = primary_ip(cur) if self.props.get("evict") else None
         self.provider._request(self.client, self.cluster, cur, drained, self.props.get("evict"))
         claims.CLAIMS.requested(self.cluster, self.claimant, cur["id"])
-        return False, None, f"replacement of worker {cur['id']} (update to {target}) requested"
+        # Look again at once, not a poll interval later: IKS may show the new worker right away, and the pool and
+        # zone's batch-mates wait for this canary to show it (pool_rules.py). Once: the worker is now `requested`.
+        done, new, state = self.poll()
+        return done, new, state if done or self.current != cur["id"] else \
+            f"replacement of worker {cur['id']} (update to {target}) requested"
 
 
 class WorkerReplacement(dyn.Resource, module="gpu-migration", name="WorkerReplacement"):
@@ -333,25 +343,27 @@ class WorkerReplacement(dyn.Resource, module="gpu-migration", name="WorkerReplac
         timeout: pulumi.Input[float] = 5400,
         poll_interval: pulumi.Input[float] = 15,
         other_worker_ids: Optional[pulumi.Input[list]] = None,
-        entries: Optional[dict[str, str]] = None,
-        single_gpu_node: pulumi.Input[bool] = False,
+        single_gpu_node: bool = False,
         evict: Optional[pulumi.Input[dict]] = None,
         pool_rules: Optional[pulumi.Input[dict]] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
         """`other_worker_ids`: workers of the other GPU nodes (configured and replaced IDs); optional, it only helps
         tell this node's replacement apart from an already-migrated sibling when resuming.
-        `entries`: every config entry (node name -> configured worker ID); a resumed replacement pairs the new workers
-        of its pool and zone with the entries waiting there (claims.pair_new_workers).
+        A resumed replacement pairs the new workers of its pool and zone with the config entries waiting there
+        (claims.pair_new_workers): the entries come from the stack config the provider is configured with
+        (`gpu-migration:nodes`, provider.py `entries`), not from an input, which every node would repeat.
         `evict`: kube/eviction.py settings (kubeconfig, timeout, poll_interval, gpu_nodes, gpu_resources); when set,
         the node is drained before each replaceWorker (with `drain`: kubectl drain's options); with `budget`
         (kube/drain_budget.py: index, batch, selector, min_available, timeout, poll_interval) the capacity budget is
         checked again first.
         `pool_rules`: {"allow_rebalancing_off": [pool names], "allow_autoscaling": [pool names]}, the stack config's
-        workerPoolRules (pool_rules.py refuses those pools otherwise)."""
+        workerPoolRules (pool_rules.py refuses those pools otherwise).
+        Inputs at their default are left out: every input is stored per node, and its key once more in the state's
+        propertyDependencies."""
         props = {"cluster": cluster, "worker_id": worker_id, "node_name": node_name, "kube_version": kube_version,
-                 "api": api, "timeout": timeout, "poll_interval": poll_interval,
-                 "other_worker_ids": other_worker_ids or [], "entries": entries or {},
-                 "single_gpu_node": single_gpu_node, "evict": evict, "pool_rules": pool_rules or {},
+                 "api": api, "timeout": timeout, "poll_interval": poll_interval, "evict": evict,
+                 "other_worker_ids": other_worker_ids or None, "single_gpu_node": single_gpu_node or None,
+                 "pool_rules": pool_rules or None,
                  "old_worker_id": None, "new_worker_id": None, "actual_version": None, "drained": None}
         super().__init__(WorkerReplacementProvider(), name, props, opts)

@@ -41,23 +41,34 @@ class _Provider(ResourceProvider):
     """create() runs the check; a change of any input in `rerun_on` replaces the resource (runs it again)."""
 
     rerun_on: tuple[str, ...] = ()
+    # The pickled provider names its module and class and holds nothing else (state_compat.py), so it is stored as
+    # it is: the SDK still makes it a secret if it captured a secret (pulumi/dynamic/dynamic.py Resource.__init__).
+    serialize_as_secret_always = False
+    # The inputs the outputs repeat (None: all). A provider that lists them keeps what its diff, read and delete use;
+    # the rest only steers a run (timeouts, a check pod's settings), is read from the new inputs when one runs, and
+    # changes nothing by itself. Each repeated input costs every state save its bytes, once per node.
+    kept: Optional[tuple[str, ...]] = None
 
     def run(self, api, props: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
 
+    def _kept(self, props: dict[str, Any]) -> dict[str, Any]:
+        return props if self.kept is None else {k: v for k, v in props.items() if k in self.kept or k.startswith("__")}
+
     def create(self, props: dict[str, Any]) -> CreateResult:
         with _client(props.get("kubeconfig")) as api, explained():
             outs = self.run(api, props)
-        return CreateResult(id_=f"{type(self).__name__}-{time.time_ns()}", outs={**props, **outs})
+        return CreateResult(id_=f"{type(self).__name__}-{time.time_ns()}", outs={**self._kept(props), **outs})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         replaces = [k for k in self.rerun_on if olds.get(k) != news.get(k)]
         # `__provider` is the pickled code, not an input of the check: a move of the code changes nothing to re-run.
-        changed = replaces or [k for k in news if not k.startswith("__") and olds.get(k) != news.get(k)]
+        changed = replaces or [k for k in self._kept(news) if not k.startswith("__") and olds.get(k) != news.get(k)]
         return DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=True)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        return UpdateResult(outs={**olds, **news})  # only timeouts/kubeconfig changed: nothing to re-run
+        # Only kept inputs that run nothing again changed (e.g. the kubeconfig): the results stay.
+        return UpdateResult(outs={**{k: v for k, v in olds.items() if k not in news}, **self._kept(news)})
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
         pass  # checks leave nothing behind
@@ -80,24 +91,6 @@ def _wait_until_no_problems(what: str, check, props: dict[str, Any], default_tim
         raise CheckFailed(f"{what} did not pass within {timing['timeout']:.0f}s:{_bullets(check())}") from None
 
 
-# --- DRA preflight ---------------------------------------------------------------------------------------------
-
-
-# --- Smoke-test verification -------------------------------------------------------------------------------------
-
-
-# --- GPU Operator readiness ------------------------------------------------------------------------------------------
-
-
-# --- Fence for nodes still on IBM-managed drivers -----------------------------------------------------------------
-
-
-# --- Rollback (dra -> device-plugin) ---------------------------------------------------------------------------------
-
-
-# --- GPU nodes of the cluster vs. the config (before the GPU Operator) --------------------------------------------
-
-
 class _EveryUp(_Provider):
     """A read-only check that runs again on every `up` (shown as an update): the cluster changes between runs.
     `run` sees the previous outputs as `props["_previous"]` (none on create)."""
@@ -108,8 +101,5 @@ class _EveryUp(_Provider):
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         with _client(news.get("kubeconfig")) as api, explained():
             return UpdateResult(outs={**news, **self.run(api, {**news, "_previous": olds})})
-
-
-# --- the runbook's operator checks -----------------------------------------------------------------------------------
 
 

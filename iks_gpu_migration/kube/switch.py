@@ -178,6 +178,7 @@ class _NodePathSwitchProvider(_Provider):
     # runs, so a new smoke image does not run every device-plugin node's checks again.
     rerun_on = ("node", "target", "pilot_label", "device_plugin_resource", "extended_resource", "driver",
                 "operator_namespace", "dra_namespace", "gpu_resources", "pending_gate")
+    kept = (*rerun_on, "kubeconfig")  # read's too; the timeouts and the check pod's settings steer a run only
     # Inputs since the rollback check and the readiness check moved in here (they were resources of their own: a
     # switch recorded before ran next to them, and the same `up` deletes them): nothing to run again for them.
     ABSORBED = ("check_image", "check_namespace", "check_command", "check_tolerations", "check_timeout",
@@ -199,7 +200,7 @@ class _NodePathSwitchProvider(_Provider):
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         """As a check, plus: a refresh that saw the node off its target path runs the switch again (it repairs the
         labels step by step, as on the way there)."""
-        if "ready_timeout" not in olds:
+        if "ready" not in olds and "ready_timeout" not in olds:  # recorded before readiness moved in
             olds = {**olds, **{k: news.get(k) for k in self.ABSORBED}}
         result = super().diff(id_, olds, news)
         seen = olds.get("observed_path")
