@@ -10,6 +10,7 @@ GPU flavors); GPU UUIDs are derived from the node name, so a test can predict th
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import uuid
@@ -36,6 +37,18 @@ OPERANDS_LABEL = "nvidia.com/gpu.deploy.operands"
 
 
 FLAVOR_LABEL = "ibm-cloud.kubernetes.io/machine-type"
+
+
+@contextlib.contextmanager
+def unless_gone():
+    """A node listed at the start of a pass may be deleted before the pass writes to it (its worker was replaced): as
+    its kubelet and NFD would, the pass leaves it and goes on with the other nodes, instead of failing as a whole and
+    holding back every other node's labels and devices for a poll interval."""
+    try:
+        yield
+    except client.ApiException as e:
+        if e.status != 404:
+            raise
 
 
 @dataclass(frozen=True)
@@ -167,8 +180,9 @@ class GpuDoubles(Polled):
             if not self._is_gpu_node(node):
                 continue
             node_pods = by_node.get(name, [])
-            self._device_plugin(node, node_pods)
-            self._dra_plugin(node, node_pods, [s for s in slices if s["spec"].get("nodeName") == name])
+            with unless_gone():
+                self._device_plugin(node, node_pods)
+                self._dra_plugin(node, node_pods, [s for s in slices if s["spec"].get("nodeName") == name])
         self._run_gpu_programs(nodes, pods)
 
     @staticmethod
@@ -191,13 +205,15 @@ class GpuDoubles(Polled):
             labels = node.metadata.labels or {}
             patch = {k: v for k, v in want.items() if labels.get(k) != v}
             if patch:
-                self.core.patch_node(name, {"metadata": {"labels": patch}})
+                with unless_gone():
+                    self.core.patch_node(name, {"metadata": {"labels": patch}})
 
     def _remove_fences(self, nodes: dict[str, client.V1Node]) -> None:
         for node in nodes.values():
             if (node.metadata.annotations or {}).get(IBM_DRIVER_ANNOTATION) == "true" and \
                     OPERANDS_LABEL in (node.metadata.labels or {}):
-                self.core.patch_node(node.metadata.name, {"metadata": {"labels": {OPERANDS_LABEL: None}}})
+                with unless_gone():
+                    self.core.patch_node(node.metadata.name, {"metadata": {"labels": {OPERANDS_LABEL: None}}})
 
     def _device_plugin(self, node: client.V1Node, pods: list[client.V1Pod]) -> None:
         """The kubelet's device manager (pkg/kubelet/cm/devicemanager): a registered plugin's healthy devices are
