@@ -2,12 +2,13 @@
 dynamic-provider host, the local Kubernetes 1.37 control plane and the IKS emulator, every new worker deploying T
 seconds after its replaceWorker.
 
-    venv/bin/python benchmarks/real_fleet.py N:k:T [N:k:T ...]   # e.g. 50:10:60 200:50:60; appends to real_fleet.json
+    venv/bin/python benchmarks/real_fleet.py [--gzip] N:k:T [N:k:T ...]   # e.g. 50:10:60 200:50:60; appends to real_fleet.json
 
 For each run: `pulumi up` of N device-plugin nodes with maxUnavailable k (ceil(N/k) batches) under
 `--parallel k + 8` (what preview asks for), and reported:
 - the wall time from the first replaceWorker request to the end of `up`, against the limit ceil(N/k)*T;
 - the most replaceWorker requests in flight together (each holds its node out for T);
+- where each batch's time beyond T goes (`per_batch_s`, averages: StepTimes.per_batch);
 - the bytes the file backend wrote during the whole `up` (every state file it saved, counted when it lands, with
   inotify: the diy backend writes each checkpoint whole through gocloud.dev's fileblob, a temporary file renamed into
   place), the number of saves (state file landings; each also writes a .bak and two .attrs), and the final
@@ -35,6 +36,7 @@ from tests.real.local_iks import TimedLog, local_iks, overlap  # noqa: E402
 from tests.real.project import Project, local_config  # noqa: E402
 
 IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE, IN_ISDIR = 0x8, 0x80, 0x100, 0x40000000
+STATE_FILE = "local.json"  # the stack's checkpoint in the file backend (with --gzip: .json.gz)
 
 
 class WrittenBytes:
@@ -84,43 +86,82 @@ class WrittenBytes:
         os.close(self.fd)
 
 
-def run(n: int, k: int, t: float) -> dict:
+class StepTimes:
+    """When each step of the `up` started and ended (engine events), to tell where a batch's time beyond T goes."""
+
+    def __init__(self) -> None:
+        self.pre: dict[str, float] = {}
+        self.out: dict[str, float] = {}
+
+    def __call__(self, event) -> None:
+        for kind, seen in (("pre", event.resource_pre_event), ("out", event.res_outputs_event)):
+            if seen is not None:
+                getattr(self, kind).setdefault(seen.metadata.urn.rsplit("::", 1)[-1], time.monotonic())
+
+    def per_batch(self, requests: list[float], k: int, t: float) -> dict[str, float]:
+        """Averages over the batches, in seconds: gate -> the batch's first replaceWorker (master reading, pool
+        rules, budget, the canary's drain); first -> last replaceWorker (the batch-mates wait for the canary's new
+        worker, then drain); last new worker deployed (last replaceWorker + T) -> the batch's last switch done (the
+        worker's healthy readings, then the GPU Operator's operands on the new node); that -> the next gate."""
+        requests, switches = sorted(requests), sorted(v for n, v in self.out.items() if n.endswith("-switch"))
+        gates = [self.pre[g] for g in sorted((g for g in self.pre if g.endswith("-gate")),
+                                             key=lambda g: int(g.split("-")[1]))]
+        phases: dict[str, list[float]] = {"gate_to_first_request": [], "request_spread": [],
+                                          "deployed_to_batch_done": [], "batch_done_to_next_gate": []}
+        for i, gate in enumerate(gates):
+            batch, done = requests[i * k:(i + 1) * k], switches[i * k:(i + 1) * k]
+            if not batch or not done:
+                continue
+            phases["gate_to_first_request"].append(batch[0] - gate)
+            phases["request_spread"].append(batch[-1] - batch[0])
+            phases["deployed_to_batch_done"].append(done[-1] - (batch[-1] + t))
+            if i + 1 < len(gates):
+                phases["batch_done_to_next_gate"].append(gates[i + 1] - done[-1])
+        return {name: round(sum(v) / len(v), 2) for name, v in phases.items() if v}
+
+
+def run(n: int, k: int, t: float, gzip: bool = False) -> dict:
     names = {f"10.241.{i // 250}.{i % 250 + 1}": f"kube-local0001-gpu-{i + 1:08d}" for i in range(n)}
     with tempfile.TemporaryDirectory() as tmp, LocalCluster() as cluster, local_iks(cluster, names) as iks:
         iks.ip_of = lambda i: f"10.250.{i // 250}.{i % 250 + 2}"  # unique for any fleet
         iks.requests, iks.provision_seconds = TimedLog(), t
         project = Project(pathlib.Path(tmp))
+        if gzip:  # the DIY backends' own compression (pulumi/pulumi sdk/go/common/env: PULUMI_DIY_BACKEND_GZIP)
+            project.engine.env["PULUMI_DIY_BACKEND_GZIP"] = "true"
         nodes = [{"name": name, "workerId": w, "stage": "device-plugin"} for name, w in names.items()]
         timeouts = {"masterUpdate": 120, "workerReplace": 4 * t + 600, "operatorReady": 1800, "evict": 120,
                     "capacityGate": 600, "pollInterval": 0.5}
         project.write_stack(local_config(cluster, iks, nodes, maxUnavailable=k, timeouts=timeouts))
         stack = project.stack()
         written = WrittenBytes(pathlib.Path(tmp) / "backend")
+        steps = StepTimes()
         started = time.monotonic()
-        result = stack.up(parallel=rollout.parallel_needed(k), on_output=lambda line: None)
+        result = stack.up(parallel=rollout.parallel_needed(k), on_output=lambda line: None, on_event=steps)
         ended = time.monotonic()
         written.stop()
         assert result.summary.result == "succeeded", result.summary
         starts = iks.requests.at("POST", "/v2/vpc/replaceWorker")
         assert len(starts) == n, (len(starts), n)
         deployment = stack.export_stack().deployment
-        state = sum(p.stat().st_size for p in (pathlib.Path(tmp) / "backend").rglob("local.json"))
+        state = sum(p.stat().st_size for p in (pathlib.Path(tmp) / "backend").rglob(STATE_FILE + (".gz" * gzip)))
     limit = math.ceil(n / k) * t
     wall = ended - starts[0]
     return {"nodes": n, "max_unavailable": k, "replace_seconds": t, "parallel": rollout.parallel_needed(k),
             "up_wall_s": round(ended - started, 1), "from_first_replace_s": round(wall, 1), "limit_s": limit,
             "over_limit_pct": round(100 * (wall - limit) / limit, 1), "most_in_flight": overlap(starts, t),
-            "backend_bytes_written": written.bytes, "backend_saves": written.by_name.get("local.json", 0),
+            "backend_gzip": gzip, "backend_bytes_written": written.bytes,
+            "backend_saves": written.by_name.get(STATE_FILE + (".gz" * gzip), 0),
             "backend_files_written": sum(written.by_name.values()),
             "files_written": dict(sorted(written.by_name.items(), key=lambda kv: -kv[1])[:4]),
             "final_state_bytes": state, "resources": len(deployment["resources"]),
-            "state_bytes_per_node": round(state / n)}
+            "state_bytes_per_node": round(state / n), "per_batch_s": steps.per_batch(starts, k, t)}
 
 
 def main() -> int:
-    runs = [tuple(float(x) for x in a.split(":")) for a in sys.argv[1:]] or [(50, 10, 60.0)]
+    gzip = "--gzip" in sys.argv[1:]
+    runs = [tuple(float(x) for x in a.split(":")) for a in sys.argv[1:] if a != "--gzip"] or [(50, 10, 60.0)]
     for n, k, t in runs:
-        record(ROOT / "benchmarks" / "real_fleet.json", lambda: run(int(n), int(k), t))
+        record(ROOT / "benchmarks" / "real_fleet.json", lambda: run(int(n), int(k), t, gzip))
     return 0
 
 
