@@ -38,7 +38,9 @@ def shutting_down() -> bool:
             or engine_gone())
 
 
-def interruptible_sleep(seconds: float, slice_: float = 0.2) -> None:
+def _slices(seconds: float, slice_: float):
+    """The time left of `seconds`, in slices of at most `slice_`, until it is up; raises Interrupted as soon as the
+    process shuts down (see shutting_down)."""
     deadline = time.monotonic() + seconds
     while True:
         if shutting_down():
@@ -47,23 +49,23 @@ def interruptible_sleep(seconds: float, slice_: float = 0.2) -> None:
         left = deadline - time.monotonic()
         if left <= 0:
             return
-        time.sleep(min(slice_, left))
+        yield min(slice_, left)
+
+
+def interruptible_sleep(seconds: float, slice_: float = 0.2) -> None:
+    for pause in _slices(seconds, slice_):
+        time.sleep(pause)
 
 
 def sleep_until(changed: Callable[[], bool], condition: threading.Condition, seconds: float,
                 slice_: float = 0.2) -> None:
     """interruptible_sleep that ends as soon as `changed()` holds; `changed` is read under `condition`, which whoever
     changes it notifies. For waits on something this process does (another thread's step): no poll interval lost."""
-    deadline = time.monotonic() + seconds
-    while True:
-        if shutting_down():
-            raise Interrupted("interrupted: the engine that started this provider is gone" if engine_gone()
-                              else "interrupted: the provider process is shutting down")
-        left = deadline - time.monotonic()
+    for pause in _slices(seconds, slice_):
         with condition:
-            if left <= 0 or changed():
+            if changed():
                 return
-            condition.wait(min(slice_, left))
+            condition.wait(pause)
 
 
 def progress(message: str) -> None:

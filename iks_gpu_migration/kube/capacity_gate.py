@@ -22,22 +22,26 @@ from pulumi.dynamic import DiffResult, Resource
 from .. import plan
 from ..common.waiting import WaitTimeout, wait_for
 from . import shared_budget
-from .cluster import GPU_RESOURCE
+from .cluster import GPU_RESOURCE, raw_items
 from .provider import CheckFailed, _Provider, _timing
 from .records import CONFIG_NAME_ANNOTATION
 
 
-def node_view(node: client.V1Node) -> plan.NodeView:
-    """Ready: the kubelet's NodeReady condition is True (k8s.io/api core/v1 types.go NodeReady; a node without it
-    has not reported and counts as not ready, as the node lifecycle controller treats it as Unknown)."""
-    conditions = (node.status.conditions or []) if node.status else []
-    ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
-    resources = {**((node.status and node.status.capacity) or {}), **((node.status and node.status.allocatable) or {})}
+def node_views(core: client.CoreV1Api) -> list[plan.NodeView]:
+    """Every Node as the budget sees it, read as plain JSON (cluster.raw_items: each drain of a batch reads every
+    Node again). Ready: the kubelet's NodeReady condition is True (k8s.io/api core/v1 types.go NodeReady; a node
+    without it has not reported and counts as not ready, as the node lifecycle controller treats it as Unknown)."""
+    return [node_view(n) for n in raw_items(core.list_node(_preload_content=False))]
+
+
+def node_view(node: dict) -> plan.NodeView:
+    status, meta = node.get("status") or {}, node["metadata"]
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    resources = {**(status.get("capacity") or {}), **(status.get("allocatable") or {})}
     # Cordoned is cordoned, whoever did it (also this program, CORDON_ANNOTATION): such a node takes no GPU pods.
-    return plan.NodeView(node.metadata.name, dict(node.metadata.labels or {}),
-                         bool(node.spec and node.spec.unschedulable), ready,
-                         (node.metadata.annotations or {}).get(CONFIG_NAME_ANNOTATION, ""),
-                         GPU_RESOURCE in resources)
+    return plan.NodeView(meta["name"], dict(meta.get("labels") or {}),
+                         bool((node.get("spec") or {}).get("unschedulable")), ready,
+                         (meta.get("annotations") or {}).get(CONFIG_NAME_ANNOTATION, ""), GPU_RESOURCE in resources)
 
 
 class _CapacityGateProvider(_Provider):
@@ -67,7 +71,7 @@ class _CapacityGateProvider(_Provider):
         shared, held_back = p.get("shared"), {"locally": True}
 
         def poll():
-            views = [node_view(n) for n in client.CoreV1Api(api).list_node().items]
+            views = node_views(client.CoreV1Api(api))
             decision = plan.gate_decision(views, p["batch"], p["selector"], int(p["min_available"]))
             held_back["locally"] = not decision.open
             if not shared:

@@ -31,7 +31,7 @@ def hold_for_budget(node: str, settings: dict[str, Any]) -> None:
         return
     from kubernetes import client, config  # kubernetes is only needed when a node is drained
 
-    from .capacity_gate import node_view
+    from .capacity_gate import node_views
 
     batch, selector, needed = list(budget["batch"]), budget["selector"], int(budget["min_available"])
     what = f"capacity to drain node {node} of batch {int(budget.get('index') or 0)} ({', '.join(batch)})"
@@ -39,7 +39,7 @@ def hold_for_budget(node: str, settings: dict[str, Any]) -> None:
         core = client.CoreV1Api(api)
 
         def poll() -> tuple[bool, plan.GateDecision, str]:
-            views = [node_view(n) for n in core.list_node().items]
+            views = node_views(core)
             decision = plan.drain_decision(views, node, batch, selector, needed)
             return decision.open, decision, decision.state
 

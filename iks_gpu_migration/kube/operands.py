@@ -8,7 +8,7 @@ from kubernetes.client import ApiClient
 from pulumi.dynamic import Resource
 
 from ..common.versions import version_at_least
-from .cluster import FENCED_OPERANDS, _operand, requests_resource
+from .cluster import FENCED_OPERANDS, is_operand, raw_items, requests_resource
 from .provider import CheckFailed, _bullets, _EveryUp, _Provider
 
 
@@ -33,14 +33,16 @@ def operand_placement_problems(api: ApiClient, namespace: str, operator_min_vers
     not from the fence list: the check needs no per-node copy of the fleet's names in the state, a new worker that
     got a fenced node's name again (VPC subnets hand out freed IPs, and IKS names nodes by IP) is not mistaken for
     it, and a node whose fence label was removed is still caught. A pod bound to a node that is gone runs nowhere."""
+    core = client.CoreV1Api(api)
     per_node: dict[str, list[str]] = {}
-    for p in client.CoreV1Api(api).list_namespaced_pod(namespace).items:
-        if p.spec.node_name and any(_operand(p, o) for o in FENCED_OPERANDS):
-            per_node.setdefault(p.spec.node_name, []).append(f"{namespace}/{p.metadata.name}")
+    for p in raw_items(core.list_namespaced_pod(namespace, _preload_content=False)):
+        name, node = p["metadata"]["name"], (p.get("spec") or {}).get("nodeName")
+        if node and any(is_operand(name, o) for o in FENCED_OPERANDS):
+            per_node.setdefault(node, []).append(f"{namespace}/{name}")
     if not per_node:
         return []
-    kubelets = {n.metadata.name: (n.status.node_info.kubelet_version if n.status and n.status.node_info else None)
-                for n in client.CoreV1Api(api).list_node().items}
+    kubelets = {n["metadata"]["name"]: ((n.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion")
+                for n in raw_items(core.list_node(_preload_content=False))}
     return [f"node {n}: runs IBM-managed drivers (kubelet {kubelets[n] or 'unknown'}, below "
             f"{operator_min_version}) but has GPU Operator pods {', '.join(sorted(pods))}; the operator must not "
             "run there (check its nvidia.com/gpu.deploy.operands=false label)"
