@@ -18,9 +18,6 @@ from .provider import ReplacementError, Streak, _IksProvider, _log, _public, sam
 from .workers import describe_worker, is_deleted, is_deleting, is_deployed, is_failed, is_ready, primary_ip, worker_version
 
 
-_RECORDED = ("old_worker_id", "new_worker_id", "node_name", "actual_version")
-
-
 # The inputs the outputs repeat: diff compares them, read and a kubeVersion bump's update start from them.
 KEPT_INPUTS = ("api", "cluster", "kube_version", "worker_id", "node_name")
 

@@ -101,5 +101,3 @@ class _EveryUp(_Provider):
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         with _client(news.get("kubeconfig")) as api, explained():
             return UpdateResult(outs={**news, **self.run(api, {**news, "_previous": olds})})
-
-
