@@ -4,6 +4,9 @@ seconds after its replaceWorker.
 
     venv/bin/python benchmarks/real_fleet.py [--gzip] N:k:T [N:k:T ...]   # e.g. 50:10:60 200:50:60; appends to real_fleet.json
 
+The cluster has, as IKS clusters do, a `default` worker pool of CPU workers (DEFAULT_POOL) beside the GPU pool: the
+GPU Operator's controllers prefer it (components/charts.py OPERATOR_DEFAULTS), so no batch drains them.
+
 For each run: `pulumi up` of N device-plugin nodes with maxUnavailable k (ceil(N/k) batches) under
 `--parallel k + 8` (what preview asks for), and reported:
 - the wall time from the first replaceWorker request to the end of `up`, against the limit ceil(N/k)*T;
@@ -36,6 +39,7 @@ from tests.real.local_iks import TimedLog, local_iks, overlap  # noqa: E402
 from tests.real.project import Project, local_config  # noqa: E402
 
 IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE, IN_ISDIR = 0x8, 0x80, 0x100, 0x40000000
+DEFAULT_POOL = ("default", "bx2.4x16", 2)  # name, CPU flavor, workers
 STATE_FILE = "local.json"  # the stack's checkpoint in the file backend (with --gzip: .json.gz)
 
 
@@ -120,9 +124,18 @@ class StepTimes:
         return {name: round(sum(v) / len(v), 2) for name, v in phases.items() if v}
 
 
+def add_default_pool(iks) -> None:
+    name, flavor, size = DEFAULT_POOL
+    iks.add_pool(name, flavor=flavor)
+    for i in range(size):
+        worker = iks.add_worker(pool_name=name, worker_id=f"kube-local0001-{name}-{i + 1:08d}")
+        worker["networkInterfaces"][0]["ipAddress"] = f"10.242.0.{i + 1}"
+
+
 def run(n: int, k: int, t: float, gzip: bool = False) -> dict:
     names = {f"10.241.{i // 250}.{i % 250 + 1}": f"kube-local0001-gpu-{i + 1:08d}" for i in range(n)}
     with tempfile.TemporaryDirectory() as tmp, LocalCluster() as cluster, local_iks(cluster, names) as iks:
+        add_default_pool(iks)
         iks.ip_of = lambda i: f"10.250.{i // 250}.{i % 250 + 2}"  # unique for any fleet
         iks.requests, iks.provision_seconds = TimedLog(), t
         project = Project(pathlib.Path(tmp))
@@ -146,7 +159,7 @@ def run(n: int, k: int, t: float, gzip: bool = False) -> dict:
         state = sum(p.stat().st_size for p in (pathlib.Path(tmp) / "backend").rglob(STATE_FILE + (".gz" * gzip)))
     limit = math.ceil(n / k) * t
     wall = ended - starts[0]
-    return {"nodes": n, "max_unavailable": k, "replace_seconds": t, "parallel": rollout.parallel_needed(k),
+    return {"nodes": n, "max_unavailable": k, "cpu_workers": DEFAULT_POOL[2], "replace_seconds": t, "parallel": rollout.parallel_needed(k),
             "up_wall_s": round(ended - started, 1), "from_first_replace_s": round(wall, 1), "limit_s": limit,
             "over_limit_pct": round(100 * (wall - limit) / limit, 1), "most_in_flight": overlap(starts, t),
             "backend_gzip": gzip, "backend_bytes_written": written.bytes,

@@ -1,5 +1,5 @@
 """The whole local environment: real control plane, the container runtime that runs the real GPU Operator, kubelet log
-double and GPU doubles, started and stopped together."""
+double, GPU doubles and the kwok resync (kwok_resync.py), started and stopped together."""
 from __future__ import annotations
 
 import logging
@@ -14,6 +14,7 @@ from .container_runtime import ContainerRuntime, Image, check_isolation
 from .control_plane import ControlPlane, NodeHealth, remove_workdir, self_signed_cert, temp_workdir
 from .gpu_doubles import GpuDoubles
 from .kubelet_logs import KubeletLogServer, LogStore
+from .kwok_resync import KwokResync
 
 log = logging.getLogger("gpu-migration-local")
 
@@ -27,6 +28,7 @@ class LocalCluster:
     logs: LogStore = field(default_factory=LogStore)
     log_server: Optional[KubeletLogServer] = None
     doubles: Optional[GpuDoubles] = None
+    kwok_resync: Optional[KwokResync] = None
     runtime: Optional[ContainerRuntime] = None
     api_client: Optional[client.ApiClient] = None
     node_health: NodeHealth = NodeHealth()
@@ -46,6 +48,7 @@ class LocalCluster:
             self.control_plane.start()
             self.api_client = kconfig.new_client_from_config(str(self.kubeconfig))
             self.doubles = GpuDoubles(self.api_client, self.logs, wipe_delay=self.wipe_delay).start()
+            self.kwok_resync = KwokResync(self.api_client).start()
             self.runtime = ContainerRuntime(self.api_client, self.logs, operator_images(), self.workdir,
                                             self.control_plane.apiserver_port, self.control_plane.ca_file).start()
         except BaseException:
@@ -58,6 +61,8 @@ class LocalCluster:
             self.runtime.stop()
         if self.doubles:
             self.doubles.stop()
+        if self.kwok_resync:
+            self.kwok_resync.stop()
         if self.control_plane:
             self.control_plane.stop()
         if self.log_server:

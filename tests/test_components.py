@@ -50,8 +50,31 @@ def test_gpu_operator_release_is_pinned():
     assert release.inputs["version"] == "v25.10.1"
     assert release.inputs["namespace"] == "gpu-operator"
     assert release.inputs["repositoryOpts"]["repo"] == "https://helm.ngc.nvidia.com/nvidia"
-    assert release.inputs["values"] == {"driver": {"enabled": True}}
+    assert release.inputs["values"]["driver"] == {"enabled": True}
     assert release.inputs["atomic"] is True
+
+
+def test_gpu_operator_controllers_prefer_workers_the_migration_never_drains():
+    """The operator and NFD's master and gc prefer workers without IKS's GPU label (a drain of theirs restarts them
+    and holds back new nodes' labels by a leader-Lease wait), keep the chart's control-plane preference, and a
+    stack's own affinity wins."""
+    from iks_gpu_migration.plan.gates import IKS_GPU_LABEL
+
+    (release,) = registered_by(lambda: charts.gpu_operator_release(chart()))
+    values = release.inputs["values"]
+    nfd = values["node-feature-discovery"]
+    for affinity in (values["operator"]["affinity"], nfd["master"]["affinity"], nfd["gc"]["affinity"]):
+        terms = affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert terms[0] == {"weight": 100, "preference": {"matchExpressions": [
+            {"key": IKS_GPU_LABEL, "operator": "DoesNotExist"}]}}
+        assert [t["preference"]["matchExpressions"][0]["key"] for t in terms[1:]] == [
+            "node-role.kubernetes.io/master", "node-role.kubernetes.io/control-plane"]
+    assert "affinity" not in nfd.get("worker", {})  # NFD's worker runs on every node, GPU workers first
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["infra"]}]}]}}}
+    (release,) = registered_by(lambda: charts.gpu_operator_release(chart(values={"operator": {"affinity": own}})))
+    assert release.inputs["values"]["operator"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] \
+        == own["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
 
 
 DRA_CHART = dict(chart="nvidia-dra-driver-gpu", version="25.8.1", namespace="nvidia-dra-driver-gpu")

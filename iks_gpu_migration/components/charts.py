@@ -11,6 +11,7 @@ import pulumi_kubernetes as k8s
 
 from ..common.versions import version_at_least
 from ..config import ConfigError, HelmChart, sources
+from ..plan.gates import IKS_GPU_LABEL
 
 # NVIDIA/k8s-dra-driver-gpu deployments/helm/nvidia-dra-driver-gpu (v25.8.1, v25.12.0):
 # - templates/validation.yaml fails the install when resources.gpus.enabled is true without
@@ -26,6 +27,26 @@ DRA_DEFAULTS: dict[str, Any] = {
 # `extendedResourceName: nvidia.com/gpu` (when resource.k8s.io/v1 is served); there is no value to turn that off.
 CHART_CLASS_MAPS_FROM = "25.12"
 CHART_CLASS, CHART_CLASS_RESOURCE = "gpu.nvidia.com", "nvidia.com/gpu"
+
+# The GPU Operator's own controllers (its Deployment; NFD's master and garbage collector, the chart's subchart) are
+# best off on workers this migration never drains. A drain of the worker they run on restarts them, and a restarted
+# operator labels no new GPU node until it holds its leader Lease again: the evicted one never released it
+# (controller-runtime LeaseDuration 15 s, ReleaseOnCancel false), so every new node of that batch waits ~17 s more
+# (measured with benchmarks/real_fleet.py). The chart prefers control-plane nodes (values.yaml operator.affinity,
+# node-feature-discovery master.affinity), which IKS doesn't show; IKS labels GPU workers
+# ibm-cloud.kubernetes.io/gpu-enabled=true (plan/gates.py), so these also prefer workers without it. Preferred, not
+# required: on a cluster of GPU workers only they still run, as before.
+_CHART_PREFERENCES = [
+    {"weight": 1, "preference": {"matchExpressions": [{"key": f"node-role.kubernetes.io/{role}", "operator": "In",
+                                                       "values": [""]}]}} for role in ("master", "control-plane")]
+_OFF_GPU_WORKERS = {"weight": 100, "preference": {"matchExpressions": [
+    {"key": IKS_GPU_LABEL, "operator": "DoesNotExist"}]}}
+_CONTROLLER_AFFINITY = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+    _OFF_GPU_WORKERS, *_CHART_PREFERENCES]}}
+OPERATOR_DEFAULTS: dict[str, Any] = {
+    "operator": {"affinity": _CONTROLLER_AFFINITY},
+    "node-feature-discovery": {"master": {"affinity": _CONTROLLER_AFFINITY}, "gc": {"affinity": _CONTROLLER_AFFINITY}},
+}
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +126,8 @@ def helm_release(
 
 
 def gpu_operator_release(chart: HelmChart, opts: Optional[pulumi.ResourceOptions] = None) -> k8s.helm.v3.Release:
-    return helm_release("gpu-operator", chart, chart.values, opts)
+    """OPERATOR_DEFAULTS under the stack's values (they win)."""
+    return helm_release("gpu-operator", chart, deep_merge(OPERATOR_DEFAULTS, chart.values), opts)
 
 
 def dra_driver_release(
