@@ -141,7 +141,10 @@ def refresh_and_preview(env, stack, released: dict) -> None:
     # its Pod Security labels in place.
     # Each node's rollback check, readiness, operand placement and pending GPU pods are now steps of its path switch
     # (kube/switch.py): those resources go, and the switch, whose checks ran as them, stays as it is.
-    upgraded = {f"smoke-{A}": "+-", f"{A}-smoke-verification": "+-", "smoke-namespace": "~", f"{B}-rollback": "-",
+    # The operator's release gains placement preferences for its controllers (components/charts.py
+    # OPERATOR_DEFAULTS: away from the GPU nodes a batch drains): an in-place Helm upgrade.
+    upgraded = {f"smoke-{A}": "+-", f"{A}-smoke-verification": "+-", "smoke-namespace": "~", "gpu-operator": "~",
+                f"{B}-rollback": "-",
                 **{f"{n}-{check}": "-" for n in (A, B)
                    for check in ("operator-ready", "operand-placement", "pending-gpu-pods")}}
     assert meaningful(changes) == {**NEW_COMPONENTS, **upgraded}, (
