@@ -104,8 +104,8 @@ class StepTimes:
 
     def per_batch(self, requests: list[float], k: int, t: float) -> dict[str, float]:
         """Averages over the batches, in seconds: gate -> the batch's first replaceWorker (master reading, pool
-        rules, budget, the canary's drain); first -> last replaceWorker (the batch-mates wait for the canary's new
-        worker, then drain); last new worker deployed (last replaceWorker + T) -> the batch's last switch done (the
+        rules, budget, the drains); first -> last replaceWorker (the batch-mates, drained beside the canary, wait for
+        its new worker); last new worker deployed (last replaceWorker + T) -> the batch's last switch done (the
         worker's healthy readings, then the GPU Operator's operands on the new node); that -> the next gate."""
         requests, switches = sorted(requests), sorted(v for n, v in self.out.items() if n.endswith("-switch"))
         gates = [self.pre[g] for g in sorted((g for g in self.pre if g.endswith("-gate")),

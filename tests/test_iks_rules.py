@@ -241,6 +241,57 @@ def test_a_canary_that_shows_no_new_worker_stops_its_batch_mates_unreplaced(emu)
     assert emu.workers[mate]["lifecycle"]["actualState"] == "deployed"
 
 
+def drains_recorded(monkeypatch, seconds: float = 0.0) -> tuple[list[tuple[str, float, float]], list[str]]:
+    """The drain and its undo, as the replacement calls them (kube/eviction.py), recorded: (node, start, end) per
+    drain taking `seconds`, and each node released. No budget, no autoscaler ConfigMap."""
+    from iks_gpu_migration.iks import pool_rules, replacement
+    from iks_gpu_migration.kube import eviction
+    drains, released, lock = [], [], threading.Lock()
+
+    def drain(node, evict):
+        start = time.monotonic()
+        time.sleep(seconds)
+        with lock:
+            drains.append((node, start, time.monotonic()))
+        return {"evicted": []}
+    monkeypatch.setattr(eviction, "drain", drain)
+    monkeypatch.setattr(eviction, "release", lambda node, evict: released.append(node) or True)
+    monkeypatch.setattr(replacement, "hold_for_budget", lambda node, evict: None)
+    monkeypatch.setattr(pool_rules, "autoscaler_pools", lambda props: frozenset())
+    return drains, released
+
+
+def test_a_batch_drains_beside_its_canary_and_only_its_requests_wait_for_it(emu, monkeypatch):
+    """One drain per batch, not the canary's and then its batch-mates': every node of the pool and zone drains at
+    once (the budget admitted them all), and only the batch-mates' replaceWorker requests wait for the canary's new
+    worker."""
+    drains, released = drains_recorded(monkeypatch, seconds=0.5)
+    olds = [emu.add_worker()["id"] for _ in range(3)]
+    emu.replace_lag = 20
+    results = replace_together(emu, olds, evict={"kubeconfig": None})
+    assert all(isinstance(r, dict) for r in results.values()), results
+    assert len(drains) == 3 and max(s for _, s, _ in drains) < min(e for _, _, e in drains), drains
+    (_, canary), *later = emu.replace_log
+    shown_at = emu.first_listed[results[canary]["new_worker_id"]]
+    assert len(later) == 2 and all(at > shown_at for at, _ in later), (emu.replace_log, shown_at)
+    assert not released
+
+
+def test_a_canary_that_stops_uncordons_its_drained_batch_mates(emu, monkeypatch):
+    _, released = drains_recorded(monkeypatch)
+    olds = [emu.add_worker()["id"], emu.add_worker()["id"]]
+    nodes = {w: emu.workers[w]["networkInterfaces"][0]["ipAddress"] for w in olds}
+    emu.rebalance = False  # the pool says rebalancing is on, yet no worker comes back
+    results = replace_together(emu, olds, rebalance_timeout=0.2, evict={"kubeconfig": None})
+    (_, canary), = emu.replace_log
+    (mate,) = set(olds) - {canary}
+    assert isinstance(results[mate], ReplacementError), results
+    assert "its node, if drained, is uncordoned again" in str(results[mate])
+    # The canary's replace was requested: its node stays out. The batch-mate's drain is undone.
+    assert released == [nodes[mate]], (released, nodes)
+    assert emu.workers[mate]["lifecycle"]["actualState"] == "deployed"
+
+
 def test_the_stack_config_opt_outs_reach_every_replacement():
     import copy
     from harness import run_program, stack_config

@@ -84,9 +84,9 @@ def recorded_by_other_entries(props: dict[str, Any]) -> dict[str, str]:
     evict = props.get("evict")
     if not evict:
         return {}
-    from kubernetes import config  # kubernetes is only needed when a node is drained or a replacement resumed
+    from ..kube.clients import api_client  # kubernetes is only needed when a node is drained or a replacement resumed
     from ..kube.inventory import workers_of_other_entries
-    with config.new_client_from_config(config_file=evict.get("kubeconfig") or None) as api:
+    with api_client(evict.get("kubeconfig")) as api:
         return workers_of_other_entries(api, props.get("node_name"))
 
 
@@ -98,11 +98,12 @@ def record_entry(props: dict[str, Any], node: Optional[str]) -> None:
     evict, entry = props.get("evict"), props.get("node_name")
     if not evict or not node or not entry:
         return
-    from kubernetes import client, config  # kubernetes is only needed when a node is drained or a replacement resumed
+    from kubernetes import client  # kubernetes is only needed when a node is drained or a replacement resumed
+    from ..kube.clients import api_client
     from ..kube.provider import _short
     from ..kube.records import CONFIG_NAME_ANNOTATION
     try:
-        with config.new_client_from_config(config_file=evict.get("kubeconfig") or None) as api:
+        with api_client(evict.get("kubeconfig")) as api:
             client.CoreV1Api(api).patch_node(node, {"metadata": {"annotations": {CONFIG_NAME_ANNOTATION: entry}}})
     except Exception as e:  # noqa: BLE001 - the replacement itself succeeded
         pulumi.log.warn(f"could not record entry {entry} on node {node} ({CONFIG_NAME_ANNOTATION}): {_short(e)}; its "

@@ -1,6 +1,7 @@
-"""The worker-pool rules every replaceWorker passes (called once from WorkerReplacementProvider._before_replace, before
-the node is drained): the pool must rebuild the worker (rebalancing on, no autoscaler: plan/iks_rules.py decides), and
-per pool and zone one canary replacement must show its new worker before its batch-mates in that pool and zone go.
+"""The worker-pool rules every replaceWorker passes (called once from WorkerReplacementProvider._before_replace): the
+pool must rebuild the worker (rebalancing on, no autoscaler: plan/iks_rules.py decides; checked before the node is
+drained), and per pool and zone one canary replacement must show its new worker before its batch-mates in that pool
+and zone are requested (checked after their drains, which run beside the canary's: a batch pays one drain).
 
 Why a canary: IKS replaces concurrent requests concurrently ("If you replace multiple worker nodes at the same time,
 they are deleted and replaced concurrently", update.md), so a pool and zone that cannot bring a worker back (no
@@ -28,13 +29,8 @@ CA_CONFIGMAP = ("kube-system", "iks-ca-configmap")  # the cluster autoscaler add
 CA_POOLS_KEY = "workerPoolsConfig.json"
 
 
-def before_replace(client: IksClient, props: dict[str, Any], worker: dict) -> None:
-    """Refuse a pool that cannot rebuild the worker, then wait (bounded) for the pool and zone's canary."""
-    check_pool(client, props, worker)
-    CANARIES.wait_turn(props, worker)
-
-
 def check_pool(client: IksClient, props: dict[str, Any], worker: dict) -> None:
+    """Refuse a pool that cannot rebuild the worker (before anything is drained)."""
     cluster = props["cluster"]
     pool = client.get_worker_pool(cluster, worker.get("poolID") or worker.get("poolName"))
     if pool is None:
@@ -53,10 +49,12 @@ def autoscaler_pools(props: dict[str, Any]) -> frozenset[str]:
     evict = props.get("evict")
     if not evict:
         return frozenset()
-    from kubernetes import client as k8s, config  # kubernetes is only needed when nodes are drained
+    from kubernetes import client as k8s  # kubernetes is only needed when nodes are drained
     from kubernetes.client.exceptions import ApiException
+
+    from ..kube.clients import api_client
     namespace, name = CA_CONFIGMAP
-    with config.new_client_from_config(config_file=evict.get("kubeconfig") or None) as api:
+    with api_client(evict.get("kubeconfig")) as api:
         try:
             cm = k8s.CoreV1Api(api).read_namespaced_config_map(name, namespace)
         except ApiException as e:
@@ -138,9 +136,9 @@ class Canaries:
                 current = self._by_group.get(key)
             if current is not None and current.failed:
                 raise ReplacementError(
-                    f"worker {worker['id']} of cluster {cluster} was not replaced (nothing was drained): the canary "
-                    f"of {where}, worker {current.worker}, stopped before its new worker appeared: {current.failed}. "
-                    f"Fix that and re-run `pulumi up`")
+                    f"worker {worker['id']} of cluster {cluster} was not replaced (its node, if drained, is uncordoned "
+                    f"again): the canary of {where}, worker {current.worker}, stopped before its new worker appeared: "
+                    f"{current.failed}. Fix that and re-run `pulumi up`")
             done = current is None or current.shown or current.claimant == claimant
             return done, None, f"canary worker {canary.worker}: new worker not visible yet"
 
@@ -149,8 +147,9 @@ class Canaries:
                      f"{worker['id']} is replaced", poll, timeout, interval,
                      sleep=lambda seconds: sleep_until(lambda: self._generation != seen[0], self._changed, seconds))
         except WaitTimeout as e:
-            raise ReplacementError(f"{e}; worker {worker['id']} was neither drained nor replaced. Check the canary's "
-                                   f"replacement above; re-running `pulumi up` retries") from None
+            raise ReplacementError(f"{e}; worker {worker['id']} was not replaced (its node, if drained, is uncordoned "
+                                   f"again). Check the canary's replacement above; re-running `pulumi up` retries"
+                                   ) from None
         self._admit(key, claimant, worker)  # the canary finished meanwhile: this one may be the next group's
 
     def adopt(self, cluster: str, claimant: str, worker: dict) -> None:

@@ -162,13 +162,17 @@ class WorkerReplacementProvider(_IksProvider):
                 f"Nothing was replaced."
             )
         wait_master_at(client, cluster, props["kube_version"], props)
-        pool_rules.before_replace(client, props, worker)  # rebalancing on, no autoscaler, the pool/zone's canary first
-        evict = props.get("evict")
+        pool_rules.check_pool(client, props, worker)  # rebalancing on, no autoscaler
+        evict, drained = props.get("evict"), None
         if evict and primary_ip(worker):
             from ..kube import eviction  # kubernetes is only needed when a node is drained
             hold_for_budget(primary_ip(worker), evict)  # the capacity budget as it is now (kube/drain_budget.py)
-            return eviction.drain(primary_ip(worker), evict)
-        return None
+            drained = eviction.drain(primary_ip(worker), evict)
+        # The canary guards the request, not the drain: a batch's nodes drain together, as the budget lets them and as
+        # GKE and EKS drain up to maxUnavailable nodes at once, so a batch pays one drain, not the canary's and then
+        # its batch-mates'. If the canary stops, this node is uncordoned again (_Run.release_unrequested).
+        pool_rules.CANARIES.wait_turn(props, worker)
+        return drained
 
     @staticmethod
     def _request(client: IksClient, cluster: str, worker: dict, drained: Optional[str] = None,

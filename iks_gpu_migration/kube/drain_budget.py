@@ -29,13 +29,14 @@ def hold_for_budget(node: str, settings: dict[str, Any]) -> None:
     budget = settings.get("budget")
     if not budget:
         return
-    from kubernetes import client, config  # kubernetes is only needed when a node is drained
+    from kubernetes import client  # kubernetes is only needed when a node is drained
 
     from .capacity_gate import node_views
+    from .clients import api_client
 
     batch, selector, needed = list(budget["batch"]), budget["selector"], int(budget["min_available"])
     what = f"capacity to drain node {node} of batch {int(budget.get('index') or 0)} ({', '.join(batch)})"
-    with config.new_client_from_config(config_file=settings.get("kubeconfig") or None) as api:
+    with api_client(settings.get("kubeconfig")) as api:
         core = client.CoreV1Api(api)
 
         def poll() -> tuple[bool, plan.GateDecision, str]:

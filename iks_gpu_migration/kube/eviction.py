@@ -20,12 +20,13 @@ import time
 from typing import Any, Optional
 
 import pulumi
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from ..common.waiting import WaitTimeout, optional_float, wait_for
 from ..plan.drain import DrainList, DrainOptions, Verdict, namespace_terminating, too_many
 from . import drain_listing
+from .clients import api_client, shared_client
 from .cordon import CORDON_ANNOTATION
 from .provider import _short
 from .refusals import fix
@@ -71,7 +72,7 @@ def drain(node: str, settings: dict[str, Any]) -> dict[str, Any]:
     "cameBack"}). Raises EvictionError naming the pods and what blocks them; the node is then uncordoned again
     if this drain cordoned it, and nothing was replaced."""
     s = _settings(settings)
-    with config.new_client_from_config(config_file=s["kubeconfig"]) as api:
+    with api_client(s["kubeconfig"]) as api:
         core = client.CoreV1Api(api)
         try:
             core.read_node(node)
@@ -108,20 +109,19 @@ def release(node: str, settings: dict[str, Any]) -> bool:
     """The replacement did not happen after all (refused, or the run stopped before its request): undo the drain's
     cordon. True if undone; never raises (the error that stopped the run is the one to show)."""
     try:
-        api = config.new_client_from_config(config_file=_settings(settings)["kubeconfig"])
+        api = shared_client(_settings(settings)["kubeconfig"])
     except Exception as e:  # noqa: BLE001 - as in _undo_cordon_quietly
         pulumi.log.warn(f"node {node}: the drain's cordon could not be checked ({e}); `kubectl uncordon {node}` if "
                         f"it is cordoned and its worker is not to be replaced")
         return False
-    with api:
-        return _undo_cordon_quietly(api, node)
+    return _undo_cordon_quietly(api, node)
 
 
 def recorded(node: str, settings: dict[str, Any]) -> Optional[dict]:
     """The drain recorded on `node` (records.py DRAIN_ANNOTATION), for a replacement resumed after its request;
     None if the node or the record is gone. Never raises."""
     try:
-        with config.new_client_from_config(config_file=_settings(settings)["kubeconfig"]) as api:
+        with api_client(_settings(settings)["kubeconfig"]) as api:
             raw = (client.CoreV1Api(api).read_node(node).metadata.annotations or {}).get(DRAIN_ANNOTATION)
         return json.loads(raw) if raw else None
     except Exception:  # noqa: BLE001 - a missing record only leaves `status` without it

@@ -1,18 +1,18 @@
 """The base of the dynamic resources that check and act on the live cluster with the official kubernetes client.
 
-Each provider builds its ApiClient per call from `kubeconfig` (None: KUBECONFIG or ~/.kube/config): providers are
-dill-serialized into the state (by reference to their module and class; see state_compat.py), so they hold no
-clients. Every wait is bounded (common/waiting.py); a failed check fails `up` with a message naming the node, pod or
+Each provider takes its ApiClient per call from `kubeconfig` (None: KUBECONFIG or ~/.kube/config), shared within the
+provider host process (clients.py): providers are dill-serialized into the state (by reference to their module and
+class; see state_compat.py), so they hold no clients. Every wait is bounded (common/waiting.py); a failed check fails `up` with a message naming the node, pod or
 device, and the next `up` retries it.
 """
 import time
 from typing import Any, Optional, Sequence
 
-from kubernetes import config
 from kubernetes.client.exceptions import ApiException
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 
 from ..common.waiting import WaitTimeout, optional_float, wait_for
+from .clients import api_client
 from .refusals import explained, status_message
 
 
@@ -21,7 +21,7 @@ class CheckFailed(Exception):
 
 
 def _client(kubeconfig: Optional[str]):
-    return config.new_client_from_config(config_file=kubeconfig or None)
+    return api_client(kubeconfig)
 
 
 def _bullets(problems: Sequence[str]) -> str:
