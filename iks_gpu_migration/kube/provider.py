@@ -2,8 +2,8 @@
 
 Each provider takes its ApiClient per call from `kubeconfig` (None: KUBECONFIG or ~/.kube/config), shared within the
 provider host process (clients.py): providers are dill-serialized into the state (by reference to their module and
-class; see state_compat.py), so they hold no clients. Every wait is bounded (common/waiting.py); a failed check fails `up` with a message naming the node, pod or
-device, and the next `up` retries it.
+class; see state_compat.py), so they hold no clients. Every wait is bounded (common/waiting.py); a failed check fails
+`up` with a message naming the node, pod or device, and the next `up` retries it.
 """
 import time
 from typing import Any, Optional, Sequence
