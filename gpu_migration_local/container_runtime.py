@@ -30,6 +30,7 @@ from typing import Optional
 
 from kubernetes import client
 
+from .cluster_cache import ClusterCache
 from .kubelet_logs import LogStore
 from .polling import Polled
 
@@ -118,7 +119,8 @@ class ContainerRuntime(Polled):
     workdir: pathlib.Path
     api_port: int
     ca_file: pathlib.Path
-    interval: float = 0.5
+    cache: ClusterCache
+    interval: float = 0.5  # also the clock of the restart back-off; pods are taken up on each change the cache sees
     backoff_start: float = BACKOFF_START  # the kubelet's; a test may shorten it
     _running: dict[tuple[str, str], Running] = field(default_factory=dict)
     _waiting: dict[tuple[str, str], float] = field(default_factory=dict)  # back-off: restart not before
@@ -129,7 +131,7 @@ class ContainerRuntime(Polled):
 
     def start(self) -> "ContainerRuntime":
         """Call check_isolation() first (LocalCluster does, before the control plane starts)."""
-        self._poll("container-runtime", self.sync)
+        self._poll("container-runtime", self.sync, self.cache.subscribe())
         return self
 
     def stop(self) -> None:
@@ -138,10 +140,10 @@ class ContainerRuntime(Polled):
             self._stop(key)
 
     def sync(self) -> None:
-        pods = self.core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items
         wanted = {}
-        for pod in pods:
-            if pod.metadata.deletion_timestamp is not None or not pod.spec.node_name:
+        for pod in self.cache.pods():
+            if pod.status is None or pod.status.phase != "Running" or pod.metadata.deletion_timestamp is not None \
+                    or not pod.spec.node_name:
                 continue
             for c in pod.spec.containers:
                 if image_repository(c.image) in self.images:

@@ -10,6 +10,7 @@ from typing import Optional
 from kubernetes import client, config as kconfig
 
 from . import tools
+from .cluster_cache import ClusterCache
 from .container_runtime import ContainerRuntime, Image, check_isolation
 from .control_plane import ControlPlane, NodeHealth, remove_workdir, self_signed_cert, temp_workdir
 from .gpu_doubles import GpuDoubles
@@ -31,6 +32,7 @@ class LocalCluster:
     kwok_resync: Optional[KwokResync] = None
     runtime: Optional[ContainerRuntime] = None
     api_client: Optional[client.ApiClient] = None
+    cache: Optional[ClusterCache] = None  # Nodes and Pods for the doubles (cluster_cache.py)
     node_health: NodeHealth = NodeHealth()
 
     @property
@@ -47,10 +49,12 @@ class LocalCluster:
                                               node_health=self.node_health)
             self.control_plane.start()
             self.api_client = kconfig.new_client_from_config(str(self.kubeconfig))
-            self.doubles = GpuDoubles(self.api_client, self.logs, wipe_delay=self.wipe_delay).start()
-            self.kwok_resync = KwokResync(self.api_client).start()
+            self.cache = ClusterCache(self.api_client).start()
+            self.doubles = GpuDoubles(self.api_client, self.logs, self.cache, wipe_delay=self.wipe_delay).start()
+            self.kwok_resync = KwokResync(self.api_client, self.cache).start()
             self.runtime = ContainerRuntime(self.api_client, self.logs, operator_images(), self.workdir,
-                                            self.control_plane.apiserver_port, self.control_plane.ca_file).start()
+                                            self.control_plane.apiserver_port, self.control_plane.ca_file,
+                                            self.cache).start()
         except BaseException:
             self.stop()
             raise
@@ -63,6 +67,8 @@ class LocalCluster:
             self.doubles.stop()
         if self.kwok_resync:
             self.kwok_resync.stop()
+        if self.cache:
+            self.cache.stop()
         if self.control_plane:
             self.control_plane.stop()
         if self.log_server:

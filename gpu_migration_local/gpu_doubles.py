@@ -19,6 +19,7 @@ from typing import Optional
 
 from kubernetes import client
 
+from .cluster_cache import ClusterCache
 from .container_runtime import os_release
 from .kubelet_logs import LogStore
 from .polling import Polled
@@ -135,10 +136,12 @@ def _requests(pod: client.V1Pod, resource: str) -> int:
 
 @dataclass
 class GpuDoubles(Polled):
-    """Runs every double in one polling thread. `wipe_delay`: seconds before the kubelet wipes a departed DRA
-    plugin's ResourceSlices (30 s in the kubelet, pkg/kubelet/cm/dra/manager.go; shorter here to keep tests quick)."""
+    """Runs every double in one thread, a pass on each change the cluster cache sees and at least every `interval`.
+    `wipe_delay`: seconds before the kubelet wipes a departed DRA plugin's ResourceSlices (30 s in the kubelet,
+    pkg/kubelet/cm/dra/manager.go; shorter here to keep tests quick)."""
     api_client: client.ApiClient
     logs: LogStore
+    cache: Optional[ClusterCache] = None  # LocalCluster's; start() needs one
     operator_namespace: str = "gpu-operator"
     wipe_delay: float = 3.0
     interval: float = 0.25
@@ -161,13 +164,15 @@ class GpuDoubles(Polled):
         self.custom = client.CustomObjectsApi(self.api_client)
 
     def start(self) -> "GpuDoubles":
-        self._poll("gpu-doubles", self.reconcile)
+        assert self.cache is not None, "GpuDoubles needs the cluster cache to run"
+        self._poll("gpu-doubles", self.reconcile, self.cache.subscribe())
         return self
 
-    # One pass over the cluster; public so tests can step it deterministically.
+    # One pass over the cluster as the cache has it; the ResourceSlices are read fresh (a stale read would publish
+    # a node's GPUs twice).
     def reconcile(self) -> None:
-        nodes = {n.metadata.name: n for n in self.core.list_node().items}
-        pods = self.core.list_pod_for_all_namespaces().items
+        nodes = {n.metadata.name: n for n in self.cache.nodes()}
+        pods = self.cache.pods()
         self._nfd_labels(nodes, pods)
         if self.fence_removed_by_someone:
             self._remove_fences(nodes)

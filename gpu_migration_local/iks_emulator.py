@@ -19,8 +19,10 @@ Fault injection:
   fail_master_update = True           the next master update falls back to deployed at the old version
   busy_master(ticks)                  masterStatus is not Ready for `ticks` ticks (e.g. a CA rotation)
   answer_after_done(n, status, path)  n requests are carried out, then answered with `status` (a lost response)
-  provision_seconds = T               new workers deploy T seconds (wall clock, seen at the next request) after they
-                                      were created instead of after `steps` ticks: the replacement time of benchmarks
+  provision_seconds = T               new workers deploy T seconds (wall clock) after they were created instead of
+                                      after `steps` ticks: the replacement time of benchmarks. Applied at the next
+                                      request or the next pass of iks_nodes.IksNodeSync (run_due), so the Node
+                                      registers at T as a kubelet would, whether or not anyone polls IKS then
 
 Behaviour of the real service modelled here, with its source (see /work/shared/reference/iks-api.md):
 - worker fix packs: new workers get the master's major.minor with the newest *worker* fix pack, which may differ
@@ -237,13 +239,18 @@ class IksEmulator:
     def _after(self, ticks: int, callback) -> None:
         self._pending.append([ticks, callback])
 
-    def tick(self) -> None:
-        """Advance every pending transition by one step (every authenticated request does this)."""
+    def run_due(self) -> None:
+        """Carry out the wall-clock transitions whose time has come (provision_seconds)."""
         with self.lock:
             now = time.monotonic()
             for entry in [e for e in self._timed if e[0] <= now]:
                 self._timed.remove(entry)
                 entry[1]()
+
+    def tick(self) -> None:
+        """Advance every pending transition by one step (every authenticated request does this)."""
+        with self.lock:
+            self.run_due()
             for entry in list(self._pending):
                 entry[0] -= 1
                 if entry[0] <= 0:

@@ -17,6 +17,7 @@ from kubernetes import client
 from iks_gpu_migration.common.versions import version_at_least
 from iks_gpu_migration.plan.gates import IKS_GPU_LABEL
 
+from .cluster_cache import ClusterCache
 from .polling import Polled
 from .gpu_doubles import GPUS_ANNOTATION, IBM_DRIVER_ANNOTATION
 
@@ -67,10 +68,12 @@ def node_info(kubelet_version: str) -> dict:
 
 @dataclass
 class IksNodeSync(Polled):
-    """Polls the emulator's workers (in process) and keeps Nodes in step."""
+    """Polls the emulator's workers (in process) and keeps Nodes in step; the Nodes as the cluster cache has them, so
+    one a moment behind (created or deleted already) is taken as done."""
     iks: Any  # tests.emulators.iks.IksEmulator
     api_client: client.ApiClient
-    interval: float = 0.2
+    cache: ClusterCache
+    interval: float = 0.05  # a pass reads the emulator in process and the cache: no request unless a Node changes
     gpus: int = 1
 
     def start(self) -> "IksNodeSync":
@@ -79,14 +82,19 @@ class IksNodeSync(Polled):
         return self
 
     def sync(self) -> None:
+        self.iks.run_due()  # a worker deploys at its time, not at the next request someone happens to make
         with self.iks.lock:
             workers = [dict(w, networkInterfaces=list(w["networkInterfaces"])) for w in self.iks.workers.values()]
-        nodes = {n.metadata.name: n for n in self.core.list_node(label_selector=WORKER_ID_LABEL).items}
+        nodes = {n.metadata.name: n for n in self.cache.nodes() if WORKER_ID_LABEL in (n.metadata.labels or {})}
         for w in workers:
             name, state = node_name(w), w["lifecycle"]["actualState"]
             node = nodes.get(name)
-            if state == "deployed" and node is None:
-                self.core.create_node(node_for(w, self.gpus))
-            elif state in ("deleting", "deleted") and node is not None and \
-                    node.metadata.labels.get(WORKER_ID_LABEL) == w["id"]:
-                self.core.delete_node(name)
+            try:
+                if state == "deployed" and node is None:
+                    self.core.create_node(node_for(w, self.gpus))
+                elif state in ("deleting", "deleted") and node is not None and \
+                        node.metadata.labels.get(WORKER_ID_LABEL) == w["id"]:
+                    self.core.delete_node(name)
+            except client.ApiException as e:
+                if e.status not in (404, 409):  # the cache had not seen this node's create or delete yet
+                    raise

@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 
 from kubernetes import client
 
+from .cluster_cache import ClusterCache
 from .polling import Polled
 
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")  # the nodes kwok plays (control_plane.py)
@@ -48,6 +49,7 @@ def stuck_pods(pods: Iterable[client.V1Pod], kwok_nodes: set[str], pending_since
 @dataclass
 class KwokResync(Polled):
     api_client: client.ApiClient
+    cache: ClusterCache
     after: float = 2.0
     interval: float = 1.0
     clock: Callable[[], float] = time.monotonic
@@ -63,10 +65,8 @@ class KwokResync(Polled):
 
     def step(self) -> None:
         key, value = KWOK_NODE_ANNOTATION
-        nodes = {n.metadata.name for n in self.core.list_node().items
-                 if (n.metadata.annotations or {}).get(key) == value}
-        pending = self.core.list_pod_for_all_namespaces(field_selector="status.phase=Pending").items
-        for pod in stuck_pods(pending, nodes, self._pending_since, self.clock(), self.after):
+        nodes = {n.metadata.name for n in self.cache.nodes() if (n.metadata.annotations or {}).get(key) == value}
+        for pod in stuck_pods(self.cache.pods(), nodes, self._pending_since, self.clock(), self.after):
             self.touched += 1
             try:
                 self.core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace, {"metadata": {

@@ -1,15 +1,19 @@
-"""A background loop that runs one pass of a double every `interval` seconds until stopped; a failed pass is logged
-once and kept in `errors` (a double must keep running, and tests can read what went wrong)."""
+"""A background loop that runs one pass of a double every `interval` seconds, or sooner when `wake` is set (the
+cluster cache saw a change), until stopped; a failed pass is logged once and kept in `errors` (a double must keep
+running, and tests can read what went wrong)."""
 from __future__ import annotations
 
 import logging
 import threading
 from typing import Callable, Optional
 
+SETTLE = 0.02  # after a wake, the changes that come with it (a new node's DaemonSet pods) are taken in one pass
+
 
 class PollingLoop:
-    def __init__(self, name: str, step: Callable[[], None], interval: float) -> None:
-        self.name, self.step, self.interval = name, step, interval
+    def __init__(self, name: str, step: Callable[[], None], interval: float,
+                 wake: Optional[threading.Event] = None) -> None:
+        self.name, self.step, self.interval, self.wake = name, step, interval, wake
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -21,6 +25,8 @@ class PollingLoop:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.wake:
+            self.wake.set()
         if self._thread:
             self._thread.join(timeout=10)
 
@@ -32,7 +38,13 @@ class PollingLoop:
                 if not self.errors or self.errors[-1] != str(e):
                     self._log.warning("%s: %s", self.name, e)
                     self.errors.append(str(e))
+            self._pause()
+
+    def _pause(self) -> None:
+        if self.wake is None:
             self._stop.wait(self.interval)
+        elif self.wake.wait(self.interval) and not self._stop.wait(SETTLE):
+            self.wake.clear()
 
 
 class Polled:
@@ -40,8 +52,8 @@ class Polled:
     _loop: Optional[PollingLoop] = None
     interval: float
 
-    def _poll(self, name: str, step: Callable[[], None]) -> None:
-        self._loop = PollingLoop(name, step, self.interval)
+    def _poll(self, name: str, step: Callable[[], None], wake: Optional[threading.Event] = None) -> None:
+        self._loop = PollingLoop(name, step, self.interval, wake)
         self._loop.start()
 
     def stop(self) -> None:

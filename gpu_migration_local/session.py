@@ -167,7 +167,7 @@ class Session:
         try:
             with cluster:
                 iks.start()
-                sync = IksNodeSync(iks, cluster.api_client).start()
+                sync = IksNodeSync(iks, cluster.api_client, cluster.cache).start()
                 try:
                     seed(iks, self.config)
                     engine = self._record(cluster, iks)

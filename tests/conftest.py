@@ -18,6 +18,8 @@ def fresh_worker_claims(monkeypatch):
     monkeypatch.setattr(pool_rules, "CANARIES", pool_rules.Canaries())
     from iks_gpu_migration.iks import master  # masters seen resting, kept per process the same way
     monkeypatch.setattr(master, "RESTED", set())
+    from iks_gpu_migration.iks import api  # IAM tokens, kept per process: an emulator may get a port used before
+    monkeypatch.setattr(api, "_AUTHENTICATORS", {})
 
 
 @pytest.fixture(scope="session")

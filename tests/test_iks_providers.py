@@ -227,6 +227,23 @@ def test_client_refreshes_only_once_per_call(emu):
     assert emu.count("POST", "/identity/token") == 2
 
 
+def test_operations_of_one_process_share_the_iam_token(emu):
+    """Each provider operation has its own client, and they share one IAM token: a batch's replacements do not each
+    ask IAM for one, and the refresh after a 401 serves every operation after it."""
+    first, second = IksClient.from_api(emu.api()), IksClient.from_api(emu.api())
+    first.get_cluster("gpu-cluster")
+    second.get_cluster("gpu-cluster")
+    assert emu.count("POST", "/identity/token") == 1
+    emu.expire_tokens()
+    first.get_cluster("gpu-cluster")
+    second.get_cluster("gpu-cluster")
+    assert emu.count("POST", "/identity/token") == 2
+    # Another key (or another IAM endpoint) has its own token.
+    emu.keys["other-key"] = "Operator"
+    IksClient.from_api(emu.api(api_key="other-key")).get_cluster("gpu-cluster")
+    assert emu.count("POST", "/identity/token") == 3
+
+
 def test_bad_api_key_names_iam_and_its_message(emu):
     with pytest.raises(IksApiError, match=r"IAM token request .* failed.*Provided API key could not be found"):
         replace(emu, "w1", api=emu.api(api_key="wrong"))

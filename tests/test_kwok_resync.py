@@ -1,6 +1,7 @@
 """The local cluster shows kwok again a pod it left Pending on a node it plays (gpu_migration_local/kwok_resync.py)."""
 from kubernetes import client
 
+from gpu_migration_local.cluster_cache import ClusterCache
 from gpu_migration_local.kwok_resync import RESYNC_ANNOTATION, KwokResync, stuck_pods
 
 
@@ -35,10 +36,14 @@ def test_a_stuck_pod_gets_an_update_kwok_sees(kube):
     kube.add_pod(ns, "other", node=plain, phase="Pending")
     kube.add_pod(ns, "running", node=fake, phase="Running")
     now = [100.0]
-    resync = KwokResync(kube.api, clock=lambda: now[0])
-    resync.step()
-    now[0] += 2.0
-    resync.step()
+    cache = ClusterCache(kube.api).start()  # lists after the pods were added: no watch event to wait for
+    try:
+        resync = KwokResync(kube.api, cache, clock=lambda: now[0])
+        resync.step()
+        now[0] += 2.0
+        resync.step()
+    finally:
+        cache.stop()
     annotations = {p["metadata"]["name"]: (p["metadata"].get("annotations") or {}) for p in kube.pods(ns)}
     assert RESYNC_ANNOTATION in annotations["stuck"]
     assert RESYNC_ANNOTATION not in annotations["other"] and RESYNC_ANNOTATION not in annotations["running"]

@@ -10,8 +10,12 @@ error surfaces from `prepare_request`), so connection errors and IAM 5xx/429 are
 trouble; only IAM 4xx answers mean the API key itself was refused.
 Every error text built from an API answer is redacted and clipped (redact.py): an answer may echo the request, key and
 token included.
+The IAM token is shared by the provider process's operations (shared_authenticator): a batch's replacements do not
+each ask IAM for one.
 """
+import hashlib
 import os
+import threading
 import time
 from typing import Any, Iterable, Optional
 
@@ -30,6 +34,22 @@ API_KEY_CONFIG = "gpu-migration:ibmApiKey"
 CLUSTER_NOT_FOUND = "G0004"  # "The specified cluster could not be found. ... target the correct account and RG"
 MASTER_BUSY = "Ef9cc"  # "The master must be in the deployed state ..." (another master operation is running)
 IAM_ATTEMPTS = 4
+
+# One IAM authenticator per IAM endpoint and API key in this process. Its token manager keeps the token (an hour) and
+# fetches a new one near expiry, one caller at a time (ibm-cloud-sdk-core token_managers/token_manager.py get_token,
+# paced_request_token), as the SDK intends an authenticator to be shared by a service's calls. A per-operation
+# authenticator asked IAM for a token on every operation: ten at the start of each batch of ten, a 401 refreshed for
+# one operation only, and IAM rate-limits token requests per key. Keyed by the key's digest, never the key.
+_AUTHENTICATORS: dict[tuple[str, str], IAMAuthenticator] = {}
+_AUTHENTICATORS_LOCK = threading.Lock()
+
+
+def shared_authenticator(api_key: str, iam_endpoint: str) -> IAMAuthenticator:
+    key = (iam_endpoint, hashlib.sha256(api_key.encode()).hexdigest())
+    with _AUTHENTICATORS_LOCK:
+        if key not in _AUTHENTICATORS:
+            _AUTHENTICATORS[key] = IAMAuthenticator(api_key, url=iam_endpoint)
+        return _AUTHENTICATORS[key]
 
 
 class IksApiError(RuntimeError):
@@ -71,7 +91,8 @@ def api_message(error: ApiException, secrets: Iterable[str] = ()) -> str:
 
 
 class IksClient(BaseService):
-    """One instance per provider operation; never captured in pickled provider state."""
+    """One instance per provider operation (its HTTP session), with the process's IAM token (shared_authenticator);
+    never captured in pickled provider state."""
 
     def __init__(
         self,
@@ -81,7 +102,7 @@ class IksClient(BaseService):
         max_retries: int = 4,
         retry_interval: float = 30.0,
     ) -> None:
-        super().__init__(service_url=endpoint, authenticator=IAMAuthenticator(api_key, url=iam_endpoint))
+        super().__init__(service_url=endpoint, authenticator=shared_authenticator(api_key, iam_endpoint))
         self.iam_endpoint = iam_endpoint
         self.retry_interval = retry_interval
         self.enable_retries(max_retries=max_retries, retry_interval=retry_interval)
@@ -166,7 +187,8 @@ class IksClient(BaseService):
             except requests.RequestException as e:  # iam_request_based_token_manager.py: raised by `requests`
                 problem = f"{type(e).__name__}: {self._safe(str(e))}"
             # token_manager.paced_request_token leaves request_time set when request_token raises, and would make
-            # the next caller sleep for 60 s "while another thread fetches"; nobody does, so clear it.
+            # every caller sleep for 60 s "while another thread fetches"; the failed fetch was this one's, so the next
+            # caller (this one retrying, or one waiting beside it) may fetch at once.
             self.authenticator.token_manager.request_time = 0
             if attempt == IAM_ATTEMPTS:
                 raise IksApiError(

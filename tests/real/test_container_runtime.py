@@ -21,7 +21,7 @@ def test_a_pods_program_runs_restarts_with_back_off_and_stops_with_the_pod(clust
     (root / "usr" / "bin").mkdir(parents=True)
     shutil.copy(tools.bin_dir() / "kwok", root / "usr" / "bin" / "kwok")
     runtime = ContainerRuntime(cluster.api_client, cluster.logs, {IMAGE: Image(IMAGE, root)}, tmp_path / "work",
-                               cluster.control_plane.apiserver_port, cluster.control_plane.ca_file,
+                               cluster.control_plane.apiserver_port, cluster.control_plane.ca_file, cluster.cache,
                                interval=0.2, backoff_start=1.0).start()
     node, ns = f"10.79.0.{uuid.uuid4().int % 200 + 10}", f"runtime-{uuid.uuid4().hex[:6]}"
     core.create_node(kwok_node(node, {}))

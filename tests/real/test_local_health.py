@@ -62,3 +62,5 @@ def test_nodes_and_gpus_stay_up_for_six_grace_periods(fast_env):
     # Not once, over the whole run, did the node-lifecycle controller find a node's Lease lapsed.
     lapsed = env.core.list_event_for_all_namespaces(field_selector="reason=NodeNotReady").items
     assert not lapsed, [(e.involved_object.name, e.message) for e in lapsed]
+    # The doubles' cache followed the cluster throughout, across its watches' ends and bookmarks.
+    assert env.cluster.cache.errors == [] and env.cluster.doubles.errors == []
