@@ -34,26 +34,24 @@ def test_a_watch_too_old_to_resume_lists_again(kube, monkeypatch):
     """410 Gone (the resourceVersion was compacted away): the cache lists again, as client-go's reflector does."""
     from kubernetes import client, watch
 
-    streams = []
+    node_watches = []
     real_stream = watch.Watch.stream
 
     def stream(self, func, *args, **kwargs):
-        streams.append(kwargs.get("resource_version"))
-        if len(streams) == 1 and func.__name__ == "list_node":
-            raise client.ApiException(status=410, reason="Expired")
+        if func.__name__ == "list_node":
+            node_watches.append(kwargs.get("resource_version"))
+            if len(node_watches) == 1:
+                raise client.ApiException(status=410, reason="Expired")
         return real_stream(self, func, *args, **kwargs)
 
     monkeypatch.setattr(watch.Watch, "stream", stream)
     lists = []
     real_list = ClusterCache._list
     monkeypatch.setattr(ClusterCache, "_list", lambda self, kind: lists.append(kind) or real_list(self, kind))
-    cache = ClusterCache(kube.api)
-    cache._listers = {"nodes": cache._listers["nodes"]}
-    cache._objects, cache._synced = {"nodes": {}}, {"nodes": cache._synced["nodes"]}
-    cache.start()
+    cache = ClusterCache(kube.api).start()
     try:
         node = kube.name("relisted")
-        eventually(lambda: lists == ["nodes", "nodes"], "a second list after 410 Gone")
+        eventually(lambda: lists.count("nodes") == 2, "a second list of nodes after 410 Gone")
         kube.add_node(node)
         eventually(lambda: node in names(cache.nodes()), f"node {node} in the cache after the relist")
         assert cache.errors == []

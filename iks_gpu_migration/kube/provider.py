@@ -20,10 +20,6 @@ class CheckFailed(Exception):
     """A cluster check did not pass; the message lists what was seen."""
 
 
-def _client(kubeconfig: Optional[str]):
-    return api_client(kubeconfig)
-
-
 def _bullets(problems: Sequence[str]) -> str:
     return "".join(f"\n  - {p}" for p in problems)
 
@@ -56,7 +52,7 @@ class _Provider(ResourceProvider):
         return props if self.kept is None else {k: v for k, v in props.items() if k in self.kept or k.startswith("__")}
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        with _client(props.get("kubeconfig")) as api, explained():
+        with api_client(props.get("kubeconfig")) as api, explained():
             outs = self.run(api, props)
         return CreateResult(id_=f"{type(self).__name__}-{time.time_ns()}", outs={**self._kept(props), **outs})
 
@@ -99,5 +95,5 @@ class _EveryUp(_Provider):
         return DiffResult(changes=True, replaces=[], delete_before_replace=False)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        with _client(news.get("kubeconfig")) as api, explained():
+        with api_client(news.get("kubeconfig")) as api, explained():
             return UpdateResult(outs={**news, **self.run(api, {**news, "_previous": olds})})

@@ -25,7 +25,8 @@ from pulumi.dynamic import Resource
 
 from ..plan import shared_budget as decide
 from .permissions import SHARED_BUDGET_ROLE
-from .provider import CheckFailed, _Provider, _client, _short
+from .clients import api_client
+from .provider import CheckFailed, _Provider, _short
 from .refusals import PermissionDenied, status_message
 
 LEASE_PREFIX = "gpu-migration-budget-"
@@ -168,7 +169,7 @@ class _SharedBudgetReleaseProvider(_Provider):
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         """A destroyed stack (or a plan that changed) takes its claim with it."""
-        with _client(props.get("kubeconfig")) as api:
+        with api_client(props.get("kubeconfig")) as api:
             release(api, props["shared"])
 
 

@@ -28,7 +28,8 @@ from ..common.waiting import WaitTimeout, wait_for
 from . import cluster
 from .cordon import cordon, cordoned_for, uncordon_if_ours
 from .labels import DEVICE_PLUGIN_LABEL
-from .provider import CheckFailed, _client, _Provider, _short, _timing
+from .clients import api_client
+from .provider import CheckFailed, _Provider, _short, _timing
 from .readiness import check_readiness
 from .rollback import verify_rollback
 from .refusals import explained
@@ -188,7 +189,7 @@ class _NodePathSwitchProvider(_Provider):
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         """`pulumi refresh`: the path the node's labels show now (someone may have removed the pilot label or turned
         the device plugin back on). A node that is gone reads `missing`."""
-        with _client(props.get("kubeconfig")) as api, explained():
+        with api_client(props.get("kubeconfig")) as api, explained():
             try:
                 path = observed_path(labels_of(api, props["node"]), props["pilot_label"])
             except client.ApiException as e:

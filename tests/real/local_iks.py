@@ -19,9 +19,9 @@ def local_iks(cluster, nodes: dict[str, str], cluster_name: str = "gpu-local", m
         worker = iks.add_worker(pool_name=(pools or {}).get(name, "gpu"), worker_id=worker_id, version=worker_version)
         worker["networkInterfaces"][0]["ipAddress"] = name
     # New workers get IP 10.240.0.(n % 250 + 2) from this counter, which IAM tokens draw from too (one per provider
-    # process and key, iks/api.py shared_authenticator): from 1020 that is .22 upwards for 230 draws, never a configured name (.11-.13, or the .21 a test
-    # names as a typo). From 1000 a scenario's ninth draw was .11, so an extra token (the cluster identity check's)
-    # gave a replacement node the name of another entry's node.
+    # process and key, iks/api.py shared_authenticator): from 1020 that is .22 upwards for 230 draws, never a
+    # configured name (.11-.13, or the .21 a test names as a typo). From 1000 a scenario's ninth draw was .11, so an
+    # extra token (the cluster identity check's) gave a replacement node the name of another entry's node.
     iks._ids = itertools.count(1020)
     sync = IksNodeSync(iks, cluster.api_client, cluster.cache).start()
     try:
