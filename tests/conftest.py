@@ -20,6 +20,7 @@ def fresh_worker_claims(monkeypatch):
     monkeypatch.setattr(master, "RESTED", set())
     from iks_gpu_migration.iks import api  # IAM tokens, kept per process: an emulator may get a port used before
     monkeypatch.setattr(api, "_AUTHENTICATORS", {})
+    monkeypatch.setattr(api, "_CLIENTS", {})
 
 
 @pytest.fixture(scope="session")

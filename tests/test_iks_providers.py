@@ -228,9 +228,13 @@ def test_client_refreshes_only_once_per_call(emu):
 
 
 def test_operations_of_one_process_share_the_iam_token(emu):
-    """Each provider operation has its own client, and they share one IAM token: a batch's replacements do not each
-    ask IAM for one, and the refresh after a 401 serves every operation after it."""
+    """The provider process's operations share one client per API, key and retry settings (one HTTP session: its SSL
+    context is built once) and one IAM token: a batch's replacements do not each ask IAM for one, and the refresh
+    after a 401 serves every operation after it."""
     first, second = IksClient.from_api(emu.api()), IksClient.from_api(emu.api())
+    assert first is second
+    other_retries = IksClient.from_api({**emu.api(), "max_retries": 1})
+    assert other_retries is not first and other_retries.authenticator is first.authenticator
     first.get_cluster("gpu-cluster")
     second.get_cluster("gpu-cluster")
     assert emu.count("POST", "/identity/token") == 1

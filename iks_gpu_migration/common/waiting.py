@@ -1,4 +1,5 @@
 """Bounded polling shared by the dynamic providers: progress is logged, and a timeout names what was awaited."""
+import contextlib
 import os
 import threading
 import time
@@ -68,6 +69,31 @@ def sleep_until(changed: Callable[[], bool], condition: threading.Condition, sec
             condition.wait(pause)
 
 
+def sleep_until_set(event: threading.Event, seconds: float, settle: float = 0.0, slice_: float = 0.2) -> None:
+    """interruptible_sleep that ends once `event` is set by another thread (e.g. a watch, kube/node_changes.py): it
+    is cleared `settle` seconds later, so the changes that came with it are read by the same next poll."""
+    for pause in _slices(seconds, slice_):
+        if event.wait(pause):
+            time.sleep(settle)
+            event.clear()
+            return
+
+
+_WAKING = threading.local()
+
+
+@contextlib.contextmanager
+def waking_with(sleep: Callable[[float], None]):
+    """Within the block, this thread's waits (wait_for without its own `sleep`) sleep with `sleep`: e.g. one woken
+    by changes to the node they all wait on (kube/node_changes.py), so none needs the sleep passed down to it."""
+    previous = getattr(_WAKING, "sleep", None)
+    _WAKING.sleep = sleep
+    try:
+        yield
+    finally:
+        _WAKING.sleep = previous
+
+
 def progress(message: str) -> None:
     """A wait's progress: shown as it happens, not again in the CLI's closing Diagnostics (ephemeral: pulumi/pulumi
     pkg/backend/display/progress.go skips ephemeral payloads there), which would otherwise repeat every line (in the
@@ -82,12 +108,13 @@ def wait_for(
     interval: float = 10.0,
     log: Callable[[str], None] = progress,
     heartbeat: float = 60.0,
-    sleep: Callable[[float], None] = interruptible_sleep,
+    sleep: Optional[Callable[[float], None]] = None,
 ) -> T:
     """Call `poll` until it returns (done=True, value, state); log `state` while waiting.
 
     `poll` returns (done, value, human-readable state). Exceptions from `poll` propagate. `sleep` waits between
-    polls (one that returns early makes the next poll come sooner; the timeout still holds).
+    polls (one that returns early makes the next poll come sooner; the timeout still holds); by default the one
+    `waking_with` set for this thread, else interruptible_sleep.
     On timeout raises WaitTimeout naming `what`, the timeout and the last state seen.
     """
     started = time.monotonic()
@@ -107,7 +134,7 @@ def wait_for(
         retry=tenacity.retry_if_result(lambda result: not result[0]),
         wait=tenacity.wait_fixed(interval),
         stop=tenacity.stop_after_delay(timeout),
-        sleep=sleep,
+        sleep=sleep or getattr(_WAKING, "sleep", None) or interruptible_sleep,
         reraise=True,
     )
     try:

@@ -11,7 +11,9 @@ trouble; only IAM 4xx answers mean the API key itself was refused.
 Every error text built from an API answer is redacted and clipped (redact.py): an answer may echo the request, key and
 token included.
 The IAM token is shared by the provider process's operations (shared_authenticator): a batch's replacements do not
-each ask IAM for one.
+each ask IAM for one. So is the client itself (IksClient.from_api): each new one builds its HTTP session's SSL
+context twice (the SDK's SSLHTTPAdapter loads the CA bundle in BaseService.__init__ and again in enable_retries),
+tens of ms of CPU that a batch's k replacements paid at once, and opens its own TLS connections to the API.
 """
 import hashlib
 import os
@@ -90,9 +92,14 @@ def api_message(error: ApiException, secrets: Iterable[str] = ()) -> str:
     return safe(f"{text} ({ids})" if ids else str(text), secrets)
 
 
+_CLIENTS: dict[tuple, "IksClient"] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
 class IksClient(BaseService):
-    """One instance per provider operation (its HTTP session), with the process's IAM token (shared_authenticator);
-    never captured in pickled provider state."""
+    """One instance per API, key and retry settings in the provider process (from_api), shared by its threads: the
+    session's connection pool is urllib3's, safe to share between threads (urllib3 docs, "Using PoolManager"), and a
+    call keeps its state in its own prepared request. Never captured in pickled provider state."""
 
     def __init__(
         self,
@@ -127,13 +134,13 @@ class IksClient(BaseService):
                 f"no IBM Cloud API key: set the secret config {API_KEY_CONFIG} "
                 f"(pulumi config set --secret {API_KEY_CONFIG} ...) or the {API_KEY_ENV} environment variable"
             )
-        return cls(
-            api["endpoint"],
-            api["iam_endpoint"],
-            key,
-            max_retries=int(api.get("max_retries", 4)),
-            retry_interval=float(api.get("retry_interval", 30.0)),
-        )
+        retries = (int(api.get("max_retries", 4)), float(api.get("retry_interval", 30.0)))
+        shared = (cls, api["endpoint"], api["iam_endpoint"], hashlib.sha256(key.encode()).hexdigest(), retries)
+        with _CLIENTS_LOCK:
+            if shared not in _CLIENTS:
+                _CLIENTS[shared] = cls(api["endpoint"], api["iam_endpoint"], key, max_retries=retries[0],
+                                       retry_interval=retries[1])
+            return _CLIENTS[shared]
 
     def _call(
         self,

@@ -20,6 +20,7 @@ from kubernetes import client
 from pulumi.dynamic import DiffResult, Resource
 
 from .. import plan
+from ..common.coalesced import READS
 from ..common.waiting import WaitTimeout, wait_for
 from . import shared_budget
 from .cluster import GPU_RESOURCE, raw_items
@@ -30,8 +31,10 @@ from .records import CONFIG_NAME_ANNOTATION
 def node_views(core: client.CoreV1Api) -> list[plan.NodeView]:
     """Every Node as the budget sees it, read as plain JSON (cluster.raw_items: each drain of a batch reads every
     Node again). Ready: the kubelet's NodeReady condition is True (k8s.io/api core/v1 types.go NodeReady; a node
-    without it has not reported and counts as not ready, as the node lifecycle controller treats it as Unknown)."""
-    return [node_view(n) for n in raw_items(core.list_node(_preload_content=False))]
+    without it has not reported and counts as not ready, as the node lifecycle controller treats it as Unknown).
+    One read for the batch's drains that ask at once (common/coalesced.py)."""
+    return list(READS.call(("node-views", id(core.api_client)),
+                           lambda: [node_view(n) for n in raw_items(core.list_node(_preload_content=False))]))
 
 
 def node_view(node: dict) -> plan.NodeView:

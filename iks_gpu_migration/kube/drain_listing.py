@@ -8,6 +8,7 @@ from kubernetes import client
 
 from ..common.waiting import WaitTimeout, wait_for
 from ..plan.drain import DrainList, DrainOptions, PodView, pods_for_deletion
+from .cluster import raw_items
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"  # static pods (kubectl drain filters.go mirrorPodFilter)
 
@@ -50,11 +51,14 @@ def listing(api, node: str, opts: DrainOptions, resources: list[str]) -> DrainLi
 
 
 def _daemonsets(api, pods: list[PodView]) -> set[tuple[str, str]]:
-    """The controlling DaemonSets that exist (read per namespace: a drain needs no cluster-wide list of them)."""
+    """The controlling DaemonSets that exist (read per namespace: a drain needs no cluster-wide list of them), as
+    plain JSON (cluster.raw_items): only their names are read, and a batch's drains read the GPU Operator's large
+    DaemonSets at once."""
     apps, found = client.AppsV1Api(api), set()
     for ns in sorted({p.namespace for p in pods if (p.controller or ("",))[0] == "DaemonSet"
                       and p.controller_api == "apps/v1"}):
-        found |= {(ns, d.metadata.name) for d in apps.list_namespaced_daemon_set(ns).items}
+        found |= {(ns, d["metadata"]["name"]) for d in raw_items(apps.list_namespaced_daemon_set(
+            ns, _preload_content=False))}
     return found
 
 

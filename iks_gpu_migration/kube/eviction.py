@@ -23,11 +23,12 @@ import pulumi
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from ..common.waiting import WaitTimeout, optional_float, wait_for
+from ..common.waiting import WaitTimeout, optional_float, wait_for, waking_with
 from ..plan.drain import DrainList, DrainOptions, Verdict, namespace_terminating, too_many
 from . import drain_listing
 from .clients import api_client, shared_client
 from .cordon import CORDON_ANNOTATION
+from .node_changes import woken_by_changes
 from .provider import _short
 from .refusals import fix
 from .records import DRAIN_ANNOTATION, record_drain
@@ -85,8 +86,9 @@ def drain(node: str, settings: dict[str, Any]) -> dict[str, Any]:
             _wait_for_gpus(core, s)
         pulumi.log.info(f"cordoning node {node} and draining it before its worker is replaced")
         _cordon(api, node)
-        try:
-            result = _Drain(api, node, s).run()
+        try:  # its waits (jobs to finish, evicted pods gone) wake on each change to the node's pods
+            with woken_by_changes(s["kubeconfig"], node) as sleep, waking_with(sleep):
+                result = _Drain(api, node, s).run()
         except BaseException:
             _undo_cordon_quietly(api, node)
             raise

@@ -7,13 +7,20 @@ from kubernetes import client
 from kubernetes.client import ApiClient
 from pulumi.dynamic import Resource
 
+from ..common.coalesced import READS
 from ..common.versions import version_at_least
 from .cluster import FENCED_OPERANDS, is_operand, raw_items, requests_resource
 from .provider import CheckFailed, _bullets, _EveryUp, _Provider
 
 
 def pending_gpu_pods(api: ApiClient, resources: Iterable[str]) -> list[str]:
-    """Pods requesting a GPU resource that are still Pending, each with its scheduling reason."""
+    """Pods requesting a GPU resource that are still Pending, each with its scheduling reason (one read for the
+    batch-mates that ask at once: common/coalesced.py)."""
+    resources = tuple(resources)
+    return list(READS.call(("pending-gpu-pods", id(api), resources), lambda: _pending_gpu_pods(api, resources)))
+
+
+def _pending_gpu_pods(api: ApiClient, resources: Iterable[str]) -> list[str]:
     found = []
     for p in client.CoreV1Api(api).list_pod_for_all_namespaces(field_selector="status.phase=Pending").items:
         if not (p.spec.resource_claims or any(requests_resource(p, r) for r in resources)):
@@ -32,7 +39,13 @@ def operand_placement_problems(api: ApiClient, namespace: str, operator_min_vers
     below 1.36 and on none at or above it (iks_gpu_migration/config: OPERATOR_MIN_VERSION). Read from the cluster,
     not from the fence list: the check needs no per-node copy of the fleet's names in the state, a new worker that
     got a fenced node's name again (VPC subnets hand out freed IPs, and IKS names nodes by IP) is not mistaken for
-    it, and a node whose fence label was removed is still caught. A pod bound to a node that is gone runs nowhere."""
+    it, and a node whose fence label was removed is still caught. A pod bound to a node that is gone runs nowhere.
+    After each node of a batch: one read for the batch-mates that ask at once (common/coalesced.py)."""
+    return list(READS.call(("operand-placement", id(api), namespace, operator_min_version),
+                           lambda: _operand_placement_problems(api, namespace, operator_min_version)))
+
+
+def _operand_placement_problems(api: ApiClient, namespace: str, operator_min_version: str) -> list[str]:
     core = client.CoreV1Api(api)
     per_node: dict[str, list[str]] = {}
     for p in raw_items(core.list_namespaced_pod(namespace, _preload_content=False)):

@@ -24,10 +24,11 @@ import pulumi
 from kubernetes import client
 from pulumi.dynamic import DiffResult, ReadResult, Resource
 
-from ..common.waiting import WaitTimeout, wait_for
+from ..common.waiting import WaitTimeout, wait_for, waking_with
 from . import cluster
 from .cordon import cordon, cordoned_for, uncordon_if_ours
 from .labels import DEVICE_PLUGIN_LABEL
+from .node_changes import woken_by_changes
 from .clients import api_client
 from .provider import CheckFailed, _Provider, _short, _timing
 from .readiness import check_readiness
@@ -211,6 +212,11 @@ class _NodePathSwitchProvider(_Provider):
         return result
 
     def run(self, api, p):
+        # Every wait below is on this node (its labels, allocatable, pods, slices): each wakes on its changes.
+        with woken_by_changes(p.get("kubeconfig"), p["node"], slices=True) as sleep, waking_with(sleep):
+            return self._run(api, p)
+
+    def _run(self, api, p):
         wait_registered(api, p)
         if p["target"] == "dra":
             outs = {"switched": forward(api, p), "rolling_back": False}
