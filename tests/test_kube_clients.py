@@ -37,6 +37,15 @@ def test_one_client_per_kubeconfig_shared_by_threads(tmp_path):
     assert got[0].rest_client.pool_manager is not None  # leaving the block did not close it
 
 
+def test_watches_have_a_pool_of_their_own(tmp_path):
+    """A batch's watches (one per waiting node, each holding its connection) never take the requests' connections."""
+    a = write(tmp_path / "a")
+    watches = clients.watch_client(a)
+    assert watches is clients.watch_client(a)
+    assert watches is not clients.shared_client(a)
+    assert watches.rest_client.pool_manager is not clients.shared_client(a).rest_client.pool_manager
+
+
 def test_a_rewritten_kubeconfig_gets_a_new_client_with_its_token(tmp_path):
     path = write(tmp_path / "kubeconfig", token="old", mtime=1_000_000_000_000_000_000)
     old = clients.shared_client(path)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from iks_gpu_migration.common.waiting import wait_for, waking_with
-from iks_gpu_migration.kube import node_changes
+from iks_gpu_migration.kube import clients, node_changes
 from tests.envtest import eventually
 
 
@@ -57,6 +57,7 @@ def test_waits_in_the_block_sleep_with_it_and_the_watches_stop_after(kube, kubec
     assert time.monotonic() - started < 5, "the wait slept its 30 s interval: no watch woke it"
     watches = list(node_changes.WATCHES.by_key.values())
     assert {w.kind for w in watches} == {"nodes", "pods"}
+    assert clients.watch_client(kubeconfig).rest_client.pool_manager.pools, "the watches used the requests' pool"
     eventually(lambda: not any(w.running for w in watches), "the watches to stop once nobody waits", timeout=10)
 
 

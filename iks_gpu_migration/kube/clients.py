@@ -43,8 +43,8 @@ class _Clients:
         self._lock = threading.Lock()
         self._by_key: dict[tuple, tuple[float, ApiClient]] = {}
 
-    def get(self, kubeconfig: Optional[str]) -> ApiClient:
-        key, now = (kubeconfig or "", _files(kubeconfig)), time.monotonic()
+    def get(self, kubeconfig: Optional[str], purpose: str = "requests") -> ApiClient:
+        key, now = (kubeconfig or "", _files(kubeconfig), purpose), time.monotonic()
         with self._lock:
             held = self._by_key.get(key)
             if held is not None and now - held[0] < TTL:
@@ -64,6 +64,13 @@ _CLIENTS = _Clients()
 def shared_client(kubeconfig: Optional[str]) -> ApiClient:
     """The process's client for `kubeconfig` (None: KUBECONFIG or ~/.kube/config); never to be closed by its user."""
     return _CLIENTS.get(kubeconfig)
+
+
+def watch_client(kubeconfig: Optional[str]) -> ApiClient:
+    """shared_client's twin for watches (kube/node_changes.py): a watch holds its connection up to its timeout, one
+    per waiting node, so a batch of 100 would take most of the requests' pool and leave its requests opening and
+    dropping connections. Watches get a pool of their own."""
+    return _CLIENTS.get(kubeconfig, "watches")
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ Connections: one watch of Nodes and one of ResourceSlices per kubeconfig in the 
 wait (each event wakes the waits on the node it names); and one watch per waiting node of the pods bound to it
 (fieldSelector spec.nodeName, the kubelet's own watch, indexed in the API server's watch cache), so a busy cluster's
 other pods never reach this process. A watch runs while anyone waits on it and ends within WATCH_SECONDS after.
+Watches hold their connections on a pool of their own (kube/clients.py watch_client), apart from the requests'.
 """
 import contextlib
 import json
@@ -20,7 +21,7 @@ from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
 from ..common.waiting import sleep_until_set, shutting_down
-from .clients import shared_client
+from .clients import watch_client
 
 WATCH_SECONDS = 20  # a watch request ends after this (server side), so one that nobody listens to any more stops
 RETRY_SECONDS = 1.0  # after a failed watch, doubling up to 30 s; meanwhile the waits poll at their interval
@@ -91,7 +92,7 @@ class _Watch:
 
     def _watch(self, version: Optional[str]) -> Optional[str]:
         """One watch request from `version` (a fresh list's when None); returns where to resume, None to list again."""
-        lister = _lister(shared_client(self.kubeconfig), self.kind, self.node)
+        lister = _lister(watch_client(self.kubeconfig), self.kind, self.node)
         if version is None:  # only the list's resourceVersion is needed: the waits read the objects themselves
             version = lister(limit=1).metadata.resource_version
         response = lister(watch=True, resource_version=version, allow_watch_bookmarks=True,
