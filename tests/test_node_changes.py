@@ -15,6 +15,9 @@ from tests.envtest import eventually
 def short_watches(monkeypatch):
     monkeypatch.setattr(node_changes, "WATCH_SECONDS", 1)
     monkeypatch.setattr(node_changes, "WATCHES", node_changes._Watches())
+    # Clients of this test only: a watch client another test built could expire (clients.TTL) between this test's
+    # watch and its look at the watch pool.
+    monkeypatch.setattr(clients, "_CLIENTS", clients._Clients())
 
 
 def slept(sleep, seconds: float, change) -> float:

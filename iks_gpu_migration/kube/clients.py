@@ -7,7 +7,8 @@ the network against an IKS master. A shared client reuses its connections: urlli
 between threads (urllib3 docs, "Using PoolManager"), and ApiClient keeps no per-request state our calls read.
 
 A client is keyed by the kubeconfig files' names and modification times (`ibmcloud ks cluster config` rewrites the
-file: the next call gets a client with its credentials) and kept at most `TTL` seconds. An expiring exec or OIDC token
+file: the next call gets a client with its credentials) and by its use (requests, or watches: watch_client), and kept
+at most `TTL` seconds. An expiring exec or OIDC token
 is reloaded by the client itself before a request (kubernetes/config/kube_config.py, the `refresh_api_key_hook` it
 sets). Clients that expire are left to the garbage collector, as a thread may still be using them.
 """
