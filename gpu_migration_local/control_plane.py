@@ -11,6 +11,7 @@ Credentials are those of a real cluster, small: a random admin token per run (`s
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import pathlib
@@ -64,10 +65,19 @@ class NodeHealth:
     monitor_period: str = "5s"
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports on 127.0.0.1. Each socket stays bound until all are picked: one at a time, the
+    kernel may hand the port it just freed out again (etcd once got the same port for its client and peer URLs and
+    stopped with "bind: address already in use")."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @dataclass
@@ -146,8 +156,7 @@ class ControlPlane:
         _openssl("genrsa", "-out", str(d / "sa.key"), "2048")
         (d / "sa.key").chmod(0o600)
         write_private(d / "tokens.csv", f'{self.admin_token},admin,admin,"system:masters"\n')
-        etcd_port, peer_port = free_port(), free_port()
-        self.apiserver_port = free_port()
+        etcd_port, peer_port, self.apiserver_port, scheduler_port, kcm_port = free_ports(5)
         self._write_kubeconfig()
 
         etcd = self._proc("etcd", [
@@ -190,7 +199,6 @@ class ControlPlane:
         common = ["--kubeconfig", str(self.kubeconfig), "--authentication-kubeconfig", str(self.kubeconfig),
                   "--authorization-kubeconfig", str(self.kubeconfig), "--leader-elect=false",
                   "--bind-address", "127.0.0.1"]
-        scheduler_port, kcm_port = free_port(), free_port()
         scheduler = self._proc("kube-scheduler", [self._bin("kube-scheduler"), *common,
                                                   "--secure-port", str(scheduler_port)])
         kcm = self._proc("kube-controller-manager", [

@@ -46,3 +46,16 @@ def test_the_admin_token_is_random_per_run(envtest, tmp_path):
     others = {ControlPlane(tmp_path / str(i), tmp_path).admin_token for i in range(3)}
     assert len(others | {token}) == 4 and all(len(t) >= 40 for t in others)
     assert "local-admin-token" not in others | {token}  # the token every run used to share
+
+
+def test_the_control_planes_ports_are_distinct_and_free():
+    """All picked at once: picked one at a time, two components could get the same port (etcd's client and peer
+    URLs once did, and etcd stopped with "address already in use")."""
+    import socket
+
+    from gpu_migration_local.control_plane import free_ports
+    ports = free_ports(64)
+    assert len(set(ports)) == 64
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
