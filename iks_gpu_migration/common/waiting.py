@@ -1,14 +1,25 @@
-"""Bounded polling shared by the dynamic providers: progress is logged, and a timeout names what was awaited."""
+"""Bounded polling shared by the dynamic providers: progress is logged, and a timeout names what was awaited.
+
+A wait ends by its deadline whatever a poll does: each poll runs on a thread of its own, awaited at most until the
+deadline plus POLL_GRACE; one that is still running then (a request that never got an answer) is left to finish on
+its own, its result unused, and the wait raises WaitTimeout. Every Kubernetes request has a timeout of its own
+(kube/clients.py; IKS and IAM: iks/api.py), so such a poll ends soon after too.
+"""
 import contextlib
+import contextvars
 import os
 import threading
 import time
 from typing import Callable, Optional, TypeVar
 
 import pulumi
-import tenacity
 
 T = TypeVar("T")
+
+# How long past its deadline a wait lets a poll that started before it finish: more than one request attempt's
+# worst case (kube/clients.py CONNECT_TIMEOUT + READ_TIMEOUT, 10 + 70 s; tests/test_request_timeouts.py keeps them
+# in step). A poll near the deadline normally answers within milliseconds: it is abandoned only when stuck.
+POLL_GRACE = 90.0
 
 
 class WaitTimeout(TimeoutError):
@@ -101,6 +112,40 @@ def progress(message: str) -> None:
     pulumi.log.info(message, ephemeral=True)
 
 
+class _Poll:
+    """One call of a wait's poll on a thread of its own (a daemon: a stuck one never holds the process up), run in a
+    copy of the caller's context (pulumi keeps its settings in contextvars) and with its waking_with sleep (a wait
+    inside the poll sleeps as it would have in the caller's thread)."""
+
+    def __init__(self, what: str, poll: Callable[[], tuple[bool, T, str]]) -> None:
+        self.done = threading.Event()
+        self.outcome: tuple[bool, object] = (False, None)  # (ok, result or exception)
+        args = (contextvars.copy_context(), poll, getattr(_WAKING, "sleep", None))
+        threading.Thread(target=self._run, args=args, name=f"poll: {what}"[:60], daemon=True).start()
+
+    def _run(self, context: contextvars.Context, poll: Callable, sleep: Optional[Callable[[float], None]]) -> None:
+        _WAKING.sleep = sleep
+        try:
+            self.outcome = (True, context.run(poll))
+        except BaseException as e:  # noqa: BLE001 - raised in the waiting thread
+            self.outcome = (False, e)
+        finally:
+            self.done.set()
+
+    def result(self, seconds: float) -> Optional[tuple[bool, T, str]]:
+        """The poll's answer, or None if it has none after `seconds`; its exception is raised here. Interrupted as
+        soon as the process shuts down (see shutting_down)."""
+        for pause in _slices(seconds, 0.2):
+            if self.done.wait(pause):
+                break
+        if not self.done.is_set():
+            return None
+        ok, value = self.outcome
+        if not ok:
+            raise value
+        return value
+
+
 def wait_for(
     what: str,
     poll: Callable[[], tuple[bool, T, str]],
@@ -109,40 +154,39 @@ def wait_for(
     log: Callable[[str], None] = progress,
     heartbeat: float = 60.0,
     sleep: Optional[Callable[[float], None]] = None,
+    grace: Optional[float] = None,
 ) -> T:
     """Call `poll` until it returns (done=True, value, state); log `state` while waiting.
 
     `poll` returns (done, value, human-readable state). Exceptions from `poll` propagate. `sleep` waits between
     polls (one that returns early makes the next poll come sooner; the timeout still holds); by default the one
     `waking_with` set for this thread, else interruptible_sleep.
-    On timeout raises WaitTimeout naming `what`, the timeout and the last state seen.
+    On timeout raises WaitTimeout naming `what`, the timeout and the last state seen: at the latest `grace` (default
+    POLL_GRACE) seconds after the deadline, when a poll that started before it has not answered by then.
     """
     started = time.monotonic()
+    deadline, grace = started + timeout, POLL_GRACE if grace is None else grace
+    sleep = sleep or getattr(_WAKING, "sleep", None) or interruptible_sleep
     last = {"state": "not polled yet", "logged": "", "logged_at": float("-inf")}
-
-    def attempt() -> tuple[bool, T]:
-        done, value, state = poll()
-        last["state"] = state
+    while True:
+        bound = max(deadline - time.monotonic(), 0.0) + grace
+        answer = _Poll(what, poll).result(bound)
         now = time.monotonic()
+        if answer is None:
+            last["state"] += f" (then a poll had no answer after {bound:.0f}s and was abandoned)"
+            break
+        done, value, state = answer
+        if done:
+            return value
+        last["state"] = state
         # Log each new state, and an unchanged one at most once per `heartbeat`, so long waits stay readable.
-        if not done and (state != last["logged"] or now - last["logged_at"] >= heartbeat):
+        if state != last["logged"] or now - last["logged_at"] >= heartbeat:
             log(f"waiting for {what}: {state} ({now - started:.0f}s of {timeout:.0f}s)")
             last.update(logged=state, logged_at=now)
-        return done, value
-
-    retrying = tenacity.Retrying(
-        retry=tenacity.retry_if_result(lambda result: not result[0]),
-        wait=tenacity.wait_fixed(interval),
-        stop=tenacity.stop_after_delay(timeout),
-        sleep=sleep or getattr(_WAKING, "sleep", None) or interruptible_sleep,
-        reraise=True,
-    )
-    try:
-        return retrying(attempt)[1]
-    except tenacity.RetryError:
-        raise WaitTimeout(
-            f"timed out after {timeout:.0f}s waiting for {what}; last state: {last['state']}"
-        ) from None
+        if now >= deadline:
+            break
+        sleep(min(interval, deadline - now))
+    raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}; last state: {last['state']}")
 
 
 def optional_float(value: Optional[object], default: float) -> float:

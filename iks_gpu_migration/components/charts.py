@@ -4,6 +4,7 @@ The DRA driver's values are rendered here and checked before anything is declare
 install (or install a controller that can never schedule on IKS) fails `pulumi preview` with the key to fix.
 """
 import copy
+import math
 from typing import Any, Optional
 
 import pulumi
@@ -11,6 +12,7 @@ import pulumi_kubernetes as k8s
 
 from ..common.versions import version_at_least
 from ..config import ConfigError, HelmChart, sources
+from ..config.model import Timeouts
 from ..plan.gates import IKS_GPU_LABEL
 
 # NVIDIA/k8s-dra-driver-gpu deployments/helm/nvidia-dra-driver-gpu (v25.8.1, v25.12.0):
@@ -103,11 +105,24 @@ def chart_class_maps(chart: HelmChart, values: dict[str, Any]) -> Optional[str]:
     return None
 
 
+# timeouts.helm's default. Helm's wait (`atomic` implies it: helm pkg/action/upgrade.go) lasts until every resource of
+# the release is ready, a DaemonSet once its new pods are on every node (helm pkg/kube/ready.go daemonSetReady). The
+# GPU Operator's release holds NFD's worker DaemonSet, on every node of the cluster: an upgrade that changes it rolls
+# it over them maxUnavailable at a time, 1 (the Kubernetes default: NFD 0.17.3, in the GPU Operator module
+# d73a0086a6ba, has no worker.updateStrategy; later NFD charts set 10%), some 20-30 s a node (old pod stopped, image
+# pulled, readiness probe from 5 s). 7200 s covers about 250 nodes rolled one at a time, any cluster at 10%.
+# pulumi-kubernetes' own default, 300 s (provider/pkg/provider/helm_release.go defaultTimeoutSeconds), would roll back
+# an upgrade rolling more than ~10 nodes one at a time.
+HELM_TIMEOUT = Timeouts.model_fields["helm"].default
+
+
 def helm_release(
-    resource_name: str, chart: HelmChart, values: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None
+    resource_name: str, chart: HelmChart, values: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None,
+    timeout: float = HELM_TIMEOUT,
 ) -> k8s.helm.v3.Release:
-    """A pinned chart release; `atomic` rolls a failed upgrade back instead of leaving it half-applied. `verify` (with
-    `keyring`) makes Helm check the chart's provenance file before installing it (helm pkg/downloader VerifyChart)."""
+    """A pinned chart release; `atomic` rolls a failed upgrade back instead of leaving it half-applied, after `timeout`
+    seconds (timeouts.helm) at the latest. `verify` (with `keyring`) makes Helm check the chart's provenance file before
+    installing it (helm pkg/downloader VerifyChart)."""
     reference, repo = sources.chart_reference(chart.chart, chart.repo)  # an oci:// repo joins the chart reference
     return k8s.helm.v3.Release(
         resource_name,
@@ -120,19 +135,21 @@ def helm_release(
         namespace=chart.namespace,
         create_namespace=True,
         atomic=True,
+        timeout=math.ceil(timeout),  # whole seconds (the provider's Release.Timeout is an int)
         values=values,
         opts=opts,
     )
 
 
-def gpu_operator_release(chart: HelmChart, opts: Optional[pulumi.ResourceOptions] = None) -> k8s.helm.v3.Release:
+def gpu_operator_release(chart: HelmChart, opts: Optional[pulumi.ResourceOptions] = None,
+                         timeout: float = HELM_TIMEOUT) -> k8s.helm.v3.Release:
     """OPERATOR_DEFAULTS under the stack's values (they win)."""
-    return helm_release("gpu-operator", chart, deep_merge(OPERATOR_DEFAULTS, chart.values), opts)
+    return helm_release("gpu-operator", chart, deep_merge(OPERATOR_DEFAULTS, chart.values), opts, timeout)
 
 
 def dra_driver_release(
     chart: HelmChart, pilot_label: tuple[str, str], opts: Optional[pulumi.ResourceOptions] = None,
-    tolerations: Optional[list[dict[str, str]]] = None,
+    tolerations: Optional[list[dict[str, str]]] = None, timeout: float = HELM_TIMEOUT,
 ) -> k8s.helm.v3.Release:
     """The kubelet plugin is pinned to pilot-labelled nodes, whatever the stack's values say."""
     values = dra_values(chart, pilot_label, tolerations or [])
@@ -140,4 +157,4 @@ def dra_driver_release(
     if problems:
         raise ConfigError("invalid stack config:\n" + "\n".join(f"  gpu-migration:draDriver.values: {p}"
                                                                  for p in problems))
-    return helm_release("dra-driver", chart, values, opts)
+    return helm_release("dra-driver", chart, values, opts, timeout)

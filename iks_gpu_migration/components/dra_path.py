@@ -82,7 +82,7 @@ class DraPath(pulumi.ComponentResource):
         after_master = pulumi.ResourceOptions(parent=self, provider=ctx.k8s_provider, depends_on=[master],
                                               aliases=WAS_AT_ROOT)
         self.driver = charts.dra_driver_release(
-            cfg.dra_driver, cfg.pilot_label_pair, tolerations=cfg.tolerations,
+            cfg.dra_driver, cfg.pilot_label_pair, tolerations=cfg.tolerations, timeout=cfg.timeouts.helm,
             opts=pulumi.ResourceOptions.merge(after_master, pulumi.ResourceOptions(provider=ctx.chart_provider)))
         self.device_class = device_class(cfg.extended_resource_name, cfg.dra_driver_name, cfg.device_selectors,
                                          opts=after_master) if own_class else None

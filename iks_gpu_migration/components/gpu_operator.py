@@ -27,7 +27,8 @@ class GpuOperator(pulumi.ComponentResource):
                 poll_interval=cfg.timeouts.poll_interval,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[*fences, inventory])))
         self.release = charts.gpu_operator_release(cfg.gpu_operator, opts=pulumi.ResourceOptions(
-            parent=self, provider=ctx.chart_provider, depends_on=[*fences, inventory], aliases=WAS_AT_ROOT))
+            parent=self, provider=ctx.chart_provider, depends_on=[*fences, inventory], aliases=WAS_AT_ROOT),
+            timeout=cfg.timeouts.helm)
         self.placement = OperandPlacement(
             "operand-placement", kubeconfig=cfg.kubeconfig, namespace=cfg.gpu_operator.namespace,
             operator_min_version=OPERATOR_MIN_VERSION,

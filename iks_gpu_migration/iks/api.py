@@ -36,6 +36,11 @@ API_KEY_CONFIG = "gpu-migration:ibmApiKey"
 CLUSTER_NOT_FOUND = "G0004"  # "The specified cluster could not be found. ... target the correct account and RG"
 MASTER_BUSY = "Ef9cc"  # "The master must be in the deployed state ..." (another master operation is running)
 IAM_ATTEMPTS = 4
+# Every IKS and IAM request: connect within 10 s, each read of the answer within 60 s (the SDK's own default, one
+# number for both: ibm-cloud-sdk-core base_service.py send, token_managers/token_manager.py _request), set here so a
+# half-open connection ends the call and the value is ours. The SDK's retries (enable_retries: read errors too, for
+# every method) make a call that never gets an answer last up to (max_retries + 1) x 60 s plus its backoff.
+HTTP_TIMEOUT = (10.0, 60.0)
 
 # One IAM authenticator per IAM endpoint and API key in this process. Its token manager keeps the token (an hour) and
 # fetches a new one near expiry, one caller at a time (ibm-cloud-sdk-core token_managers/token_manager.py get_token,
@@ -113,6 +118,7 @@ class IksClient(BaseService):
         self.iam_endpoint = iam_endpoint
         self.retry_interval = retry_interval
         self.enable_retries(max_retries=max_retries, retry_interval=retry_interval)
+        self.set_http_config({"timeout": HTTP_TIMEOUT})  # this client's requests and its (shared) IAM token's
 
     def _secrets(self) -> tuple[str, ...]:
         """What no error text may show: the API key and the tokens IAM issued for it."""

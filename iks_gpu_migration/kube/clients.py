@@ -11,6 +11,11 @@ file: the next call gets a client with its credentials) and by its use (requests
 at most `TTL` seconds. An expiring exec or OIDC token
 is reloaded by the client itself before a request (kubernetes/config/kube_config.py, the `refresh_api_key_hook` it
 sets). Clients that expire are left to the garbage collector, as a thread may still be using them.
+
+Every request has a timeout (bounded): a half-open connection (a load balancer that dropped its state, a stalled VPN)
+would otherwise block a call for ever, as no call of this program passes `_request_timeout` and kubernetes'
+RESTClientObject.request then hands urllib3 `timeout=None`, which urllib3 (connectionpool.py _get_timeout) reads as
+"no timeout": a pool-wide default never applies. A call's own `_request_timeout` wins (watches: node_changes.py).
 """
 import contextlib
 import os
@@ -18,10 +23,19 @@ import threading
 import time
 from typing import Iterator, Optional
 
+import urllib3
 from kubernetes import config
 from kubernetes.client import ApiClient, Configuration
 
 TTL = 60.0
+# Connect (TCP and TLS handshake) within client-go's TLS handshake timeout (10 s: k8s.io/apimachinery pkg/util/net
+# SetOldTransportDefaults takes Go's http.DefaultTransport's); then each read of the answer within 70 s:
+# kube-apiserver answers every request but a watch within its --request-timeout (default 60 s, a 504 after that).
+CONNECT_TIMEOUT, READ_TIMEOUT = 10.0, 70.0
+# urllib3's default, Retry(3) (util/retry.py), retries a GET's read timeout three times; here once, on a new
+# connection (the case of a pooled connection gone half-open). So a server that never answers costs a call
+# 2 x READ_TIMEOUT (plus connects), one that cannot be reached 4 x CONNECT_TIMEOUT, as refused connects are retried.
+RETRIES = urllib3.Retry(3, read=1)
 # urllib3 keeps this many connections per host (kubernetes' default: 5 per CPU); a batch's threads beyond it would
 # open and drop connections, with a "Connection pool is full" warning each time.
 POOL_SIZE = 128
@@ -52,11 +66,27 @@ class _Clients:
                 return held[1]
             configuration = Configuration()
             configuration.connection_pool_maxsize = POOL_SIZE
-            api = config.new_client_from_config(config_file=kubeconfig or None, client_configuration=configuration)
+            configuration.retries = RETRIES
+            api = bounded(config.new_client_from_config(config_file=kubeconfig or None,
+                                                        client_configuration=configuration))
             # Expired entries (any kubeconfig) are dropped; their clients close when the last user lets go.
             self._by_key = {k: v for k, v in self._by_key.items() if now - v[0] < TTL}
             self._by_key[key] = (now, api)
             return api
+
+
+def bounded(api: ApiClient) -> ApiClient:
+    """`api` with (CONNECT_TIMEOUT, READ_TIMEOUT) for every request that sets no `_request_timeout` of its own: its
+    RESTClientObject.request is the one place every call (ApiClient.call_api) goes through."""
+    rest = api.rest_client
+
+    def bounded_request(*args, _request_timeout=None, **kwargs):
+        # The class's request, looked up at each call (not bound once): what wraps the class later applies too.
+        return type(rest).request(rest, *args, _request_timeout=_request_timeout or (CONNECT_TIMEOUT, READ_TIMEOUT),
+                                  **kwargs)
+
+    rest.request = bounded_request
+    return api
 
 
 _CLIENTS = _Clients()

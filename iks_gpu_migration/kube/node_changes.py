@@ -11,19 +11,24 @@ wait (each event wakes the waits on the node it names); and one watch per waitin
 (fieldSelector spec.nodeName, the kubelet's own watch, indexed in the API server's watch cache), so a busy cluster's
 other pods never reach this process. A watch runs while anyone waits on it and ends within WATCH_SECONDS after.
 Watches hold their connections on a pool of their own (kube/clients.py watch_client), apart from the requests'.
+A watch's reads time out WATCH_READ_MARGIN after its server-side end (the requests' READ_TIMEOUT would do for 20 s,
+but says nothing of a watch): a connection gone half-open mid-watch ends it then, and it is started again.
 """
 import contextlib
 import json
 import threading
 from typing import Callable, Iterator, Optional
 
+import pulumi
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
 from ..common.waiting import sleep_until_set, shutting_down
-from .clients import watch_client
+from .clients import CONNECT_TIMEOUT, watch_client
+from .refusals import ROLE_FILE, ROLE_NAME, refusal
 
 WATCH_SECONDS = 20  # a watch request ends after this (server side), so one that nobody listens to any more stops
+WATCH_READ_MARGIN = 15  # no byte for WATCH_SECONDS + this: the server's end never came, the connection is dead
 RETRY_SECONDS = 1.0  # after a failed watch, doubling up to 30 s; meanwhile the waits poll at their interval
 SETTLE = 0.1  # after a wake, the changes that come with it (a node's operand pods) are read by one poll
 
@@ -57,7 +62,7 @@ class _Watch:
     def add(self, node: str, event: threading.Event) -> None:
         with self.lock:
             self.listeners.setdefault(node, set()).add(event)
-            if not self.running:
+            if not self.running and not _refused(self.kubeconfig, self.kind):
                 self.running = True
                 threading.Thread(target=self._run, name=f"watch-{self.kind}", daemon=True).start()
 
@@ -86,7 +91,11 @@ class _Watch:
             try:
                 version = self._watch(version)
                 self.failures = 0
-            except Exception:  # noqa: BLE001 - the waits go on polling; the watch is tried again
+            except Exception as e:  # noqa: BLE001 - the waits go on polling; the watch is tried again
+                if _refuse(self.kubeconfig, self.kind, e):  # RBAC: asking again would only be refused again
+                    with self.lock:
+                        self.running = False
+                    return
                 version, self.failures = None, self.failures + 1
                 threading.Event().wait(min(RETRY_SECONDS * 2 ** (self.failures - 1), 30))
 
@@ -96,7 +105,8 @@ class _Watch:
         if version is None:  # only the list's resourceVersion is needed: the waits read the objects themselves
             version = lister(limit=1).metadata.resource_version
         response = lister(watch=True, resource_version=version, allow_watch_bookmarks=True,
-                          timeout_seconds=WATCH_SECONDS, _preload_content=False)
+                          timeout_seconds=WATCH_SECONDS, _preload_content=False,
+                          _request_timeout=(CONNECT_TIMEOUT, WATCH_SECONDS + WATCH_READ_MARGIN))
         try:
             for line in iter_resp_lines(response):
                 event = json.loads(line) if line.strip() else None
@@ -114,6 +124,30 @@ class _Watch:
             response.close()
             response.release_conn()
         return version
+
+
+_REFUSED: set[tuple[str, str]] = set()  # (kubeconfig, kind) whose watch RBAC refused: not asked again in this process
+_REFUSED_LOCK = threading.Lock()
+
+
+def _refused(kubeconfig: Optional[str], kind: str) -> bool:
+    return (kubeconfig or "", kind) in _REFUSED
+
+
+def _refuse(kubeconfig: Optional[str], kind: str, error: BaseException) -> bool:
+    """An RBAC refusal of the list or the watch (HTTP 403): said once per kubeconfig and kind, naming what the role
+    lacks; the waits then only poll. Any other failure is retried with back-off."""
+    message = refusal(error)
+    if message is None:
+        return False
+    key = (kubeconfig or "", kind)
+    with _REFUSED_LOCK:
+        first = key not in _REFUSED
+        _REFUSED.add(key)
+    if first:
+        pulumi.log.warn(f"watching {kind} was refused ({message}): the waits poll instead, each change is seen up to a "
+                        f"poll interval later; grant list and watch on {kind} ({ROLE_FILE}, ClusterRole {ROLE_NAME})")
+    return True
 
 
 class _Watches:
