@@ -2,8 +2,9 @@
 the whole migration with the real `pulumi up` on the `local` stack (Pulumi.local.yaml). The environment then stays up
 until Ctrl-C (or `stop`), as a rehearsal session: `env`, `pulumi`, `status` and kubectl work against it. Every run
 starts afresh: the IKS emulator lives in this process, so an earlier run's cluster and stack state could not match it.
+Every port is a free one on 127.0.0.1, so environments of other clones run side by side; one per clone.
 
-    venv/bin/python -m gpu_migration_local [up|preview] [--stack local]
+    venv/bin/python -m gpu_migration_local [--project DIR] [up|preview] [--stack local] [--exit]
 
 A local environment that stays up between commands, to rehearse the commands you will run against IKS
 (gpu_migration_local/session.py, pulumi_cli.py):
@@ -24,6 +25,17 @@ from .engine import Engine, printer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STATE = REPO / ".local"  # git-ignored: cluster data, kubeconfig, file backend
+SESSION_COMMANDS = ("start", "stop", "env", "pulumi")
+COMMANDS = """commands:
+  up, preview      the demo (default: up): start the environment, run `pulumi up` (or preview) of the stack with
+                   progress, then stay up as a session until Ctrl-C (--exit: stop when the run ends)
+  start            start the environment and keep it up until `stop` or Ctrl-C [--stack local]
+  env              `export` lines for a shell: after eval "$(python -m gpu_migration_local env)", plain `pulumi`,
+                   `status` and kubectl reach the running session
+  pulumi ARGS      the real Pulumi CLI against the running session, every argument passed through
+  stop             stop the running session (when none runs: says so, exit code 0)
+
+docs/operations.md#rehearse-locally walks through them."""
 
 
 def session_command(argv: list[str]) -> int | None:
@@ -31,7 +43,7 @@ def session_command(argv: list[str]) -> int | None:
     project = REPO
     if argv[:1] == ["--project"] and len(argv) > 1:
         project, argv = pathlib.Path(argv[1]).resolve(), argv[2:]
-    if not argv or argv[0] not in ("start", "stop", "env", "pulumi"):
+    if not argv or argv[0] not in SESSION_COMMANDS:
         return None
     paths = session.Paths(project)
     try:
@@ -76,12 +88,20 @@ def main(argv: list[str] | None = None) -> int:
     code = session_command(argv)
     if code is not None:
         return code
-    parser = argparse.ArgumentParser(prog="python -m gpu_migration_local", description=__doc__.split("\n")[0])
-    parser.add_argument("command", nargs="?", default="up", choices=["up", "preview"])
-    parser.add_argument("--stack", default="local")
+    parser = argparse.ArgumentParser(prog="python -m gpu_migration_local", description=__doc__, epilog=COMMANDS,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", nargs="?", default="up", choices=["up", "preview", *SESSION_COMMANDS],
+                        metavar="command", help="up (default), preview, start, stop, env or pulumi: see below")
+    parser.add_argument("--project", type=pathlib.Path, default=REPO, metavar="DIR",
+                        help="the project directory (Pulumi.yaml, Pulumi.<stack>.yaml; its .local/); default: this "
+                             "repository")
+    parser.add_argument("--stack", default="local", help="runs Pulumi.<stack>.yaml (default: local)")
     parser.add_argument("--exit", action="store_true", help="stop the cluster when the run ends (no inspection)")
     args = parser.parse_args(argv)
-    paths = session.Paths(REPO)
+    if args.command in SESSION_COMMANDS:  # only reached when options came first
+        parser.error(f"put {args.command} first, after --project DIR only: "
+                     f"python -m gpu_migration_local [--project DIR] {args.command} ...")
+    paths = session.Paths(args.project.resolve())
 
     def run_stack(engine: Engine) -> int:
         stack = engine.stack(args.stack)

@@ -8,9 +8,11 @@ the diff, the plan, the state file, the Kubernetes provider plugin and the dynam
 """
 from __future__ import annotations
 
+import json
 import pathlib
+import urllib.parse
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from pulumi import automation as auto
 
@@ -20,32 +22,58 @@ PROJECT = "gpu-migration"
 SDK_ERROR_PREFIXES = ("python inline source runtime error:", "RPC error:")
 
 
-def language_server_class():
+IBM_CLOUD_KEY = "gpu-migration:ibmCloud"
+
+
+def is_local_url(url: str) -> bool:
+    """http(s) to this machine's loopback: the only endpoints a local environment runs a stack with."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme in ("http", "https") and parts.hostname in ("127.0.0.1", "localhost", "::1")
+
+
+def session_config(config: Mapping[str, str], iks_endpoint: str) -> dict[str, str]:
+    """The config keys to change so the program reaches the session's IKS emulator: its URL in place of the stack
+    file's local endpoints (Pulumi.local.yaml says http://127.0.0.1; each session picks a free port). Endpoints that
+    are not local stay as they are: a session never points a stack at IBM Cloud, nor away from it. Pure."""
+    try:
+        ibm = json.loads(config.get(IBM_CLOUD_KEY) or "{}")  # an object reaches the program as JSON
+    except ValueError:
+        return {}
+    if not isinstance(ibm, dict):
+        return {}
+    local = {k: iks_endpoint for k in ("endpoint", "iamEndpoint")
+             if isinstance(ibm.get(k), str) and is_local_url(ibm[k])}
+    return {IBM_CLOUD_KEY: json.dumps({**ibm, **local})} if local else {}
+
+
+def language_server_class(iks_endpoint: Optional[str] = None):
     """The Automation API's LanguageServer, reporting a program's RunError (e.g. an invalid stack config) once, as
     the real language host does: it logs the message and exits with code 32, "already reported" (pulumi
     sdk/python/cmd/pulumi-language-python-exec), which the engine reads as `bail` (sdk/go/common/resource/plugin
     langruntime_plugin.go Run). The SDK's server logs it and also returns it as the program's error, which the CLI
     prints a second time as "an unhandled error occurred" (pulumi/automation/_server.py LanguageServer.Run,
-    pulumi 3.272.0)."""
+    pulumi 3.272.0). With `iks_endpoint` (a local session's emulator), the program gets it (session_config)."""
     from pulumi.automation._server import LanguageServer
 
     class ReportedOnce(LanguageServer):
         def Run(self, request, context):  # noqa: N802 - the gRPC method
+            if iks_endpoint:
+                for key, value in session_config(request.config, iks_endpoint).items():
+                    request.config[key] = value
             response = super().Run(request, context)
             if response.error and not response.error.startswith(SDK_ERROR_PREFIXES):
                 response.bail = True  # a RunError: logged already
             return response
 
+    ReportedOnce.iks_endpoint = iks_endpoint
     return ReportedOnce
 
 
-def use_reporting_language_server() -> None:
+def use_reporting_language_server(iks_endpoint: Optional[str] = None) -> None:
     """Inline programs run through the Automation API get ReportedOnce (it builds its server from this name)."""
     from pulumi.automation import _stack
-    if not getattr(_stack.LanguageServer, "reports_once", False):
-        server = language_server_class()
-        server.reports_once = True
-        _stack.LanguageServer = server
+    if getattr(_stack.LanguageServer, "iks_endpoint", False) != iks_endpoint:  # False: the SDK's own class
+        _stack.LanguageServer = language_server_class(iks_endpoint)
 PASSPHRASE = "local-passphrase"  # the local stack's secrets protect nothing real
 
 
@@ -55,6 +83,7 @@ class Engine:
     project_dir: pathlib.Path
     backend_dir: pathlib.Path
     env: Optional[dict[str, str]] = None
+    iks_endpoint: Optional[str] = None  # a local session's IKS emulator, in place of the stack file's (session_config)
 
     def _workspace_opts(self) -> auto.LocalWorkspaceOptions:
         env = dict(tools.engine_env())
@@ -72,7 +101,7 @@ class Engine:
         self.backend_dir.mkdir(parents=True, exist_ok=True)
         if program is None:
             from iks_gpu_migration.program import main as program
-        use_reporting_language_server()
+        use_reporting_language_server(self.iks_endpoint)
         return auto.create_or_select_stack(stack_name=name, project_name=PROJECT, program=program,
                                            opts=self._workspace_opts())
 

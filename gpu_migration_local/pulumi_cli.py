@@ -7,7 +7,8 @@ builds (gpu_migration_local/engine.py). For the commands that run the program (`
 does for inline programs (pulumi/automation/_stack.py: a LanguageServer and `--client=127.0.0.1:<port>`), and runs
 the CLI with that flag; the CLI, engine, providers and backend are the real ones. Every other command (`stack
 history`, `stack output`, `config`, `stack export`, `cancel`, ...) needs no program and runs as is. The CLI inherits
-this terminal (its prompts, colors and Ctrl-C), and its exit code is this command's.
+this terminal (its prompts, colors and Ctrl-C), and its exit code is this command's. After the `eval` of `env`, plain
+`pulumi` is this command (.local/bin/pulumi: session.write_pulumi_wrapper).
 """
 from __future__ import annotations
 
@@ -22,15 +23,16 @@ from .session import Paths, require_session, session_env
 PROGRAM_COMMANDS = {"up", "update", "preview", "pre", "refresh", "destroy", "down", "import"}
 
 
-def _serve_program():
-    """The program over the language-runtime protocol on 127.0.0.1 (an ephemeral port); returns (server, port)."""
+def _serve_program(iks_endpoint: Optional[str]):
+    """The program over the language-runtime protocol on 127.0.0.1 (an ephemeral port), reaching the session's IKS
+    emulator at `iks_endpoint` (engine.session_config); returns (server, port)."""
     import grpc
     from pulumi.runtime.proto import language_pb2_grpc
 
     from iks_gpu_migration.program import main as program
 
     from .engine import language_server_class
-    LanguageServer = language_server_class()  # noqa: N806 - a class
+    LanguageServer = language_server_class(iks_endpoint)  # noqa: N806 - a class
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
                          options=[("grpc.max_receive_message_length", 2**31 - 1)])
@@ -68,7 +70,7 @@ def main(args: list[str], paths: Paths) -> int:
     server = port = None
     if runs_program(args):
         os.chdir(paths.project)  # the program reads paths of the stack file relative to the project, as the CLI runs it
-        server, port = _serve_program()
+        server, port = _serve_program(record.get("iksEndpoint"))
     try:
         return subprocess.run(command_for(args, port), cwd=paths.project, env=env).returncode
     except KeyboardInterrupt:

@@ -34,28 +34,34 @@ def test_every_argument_is_passed_through_and_the_program_server_added_last(monk
     assert pulumi_cli.command_for(["stack", "history"], None) == [str(tmp_path / "pulumi"), "stack", "history"]
 
 
-def test_exports_survive_the_shell(monkeypatch, tmp_path):
-    monkeypatch.setattr(session.tools, "bin_dir", lambda: tmp_path / "bin dir")
-    monkeypatch.setattr(session.tools, "engine_env", lambda: {"PULUMI_HOME": str(tmp_path / "home")})
-    record = {"pid": os.getpid(), "env": {"PULUMI_BACKEND_URL": "file:///x/.local/backend",
-                                          "PULUMI_CONFIG_PASSPHRASE": "local passphrase; $HOME", "KUBECONFIG": "/k"}}
+def test_exports_survive_the_shell(tmp_path):
+    record = {"pid": os.getpid(), "bin": str(tmp_path / "bin dir"),
+              "env": {"PULUMI_BACKEND_URL": "file:///x/.local/backend",
+                      "PULUMI_CONFIG_PASSPHRASE": "local passphrase; $HOME", "KUBECONFIG": "/k"}}
     exports = session.shell_exports(record)
     parsed = {}
     for line in exports.splitlines():
         key, _, value = line.removeprefix("export ").partition("=")
         parsed[key] = shlex.split(value)[0]
     assert parsed["PULUMI_CONFIG_PASSPHRASE"] == "local passphrase; $HOME"
+    # The session's `pulumi` first (session.write_pulumi_wrapper): the bare CLI can't run the program here.
     assert parsed["PATH"].split(os.pathsep)[0] == str(tmp_path / "bin dir") and parsed["KUBECONFIG"] == "/k"
 
 
-def test_without_a_running_session_every_command_says_how_to_start_one(tmp_path):
+def test_without_a_running_session_commands_say_how_to_start_one_and_stop_succeeds(tmp_path):
     paths = session.Paths(tmp_path)
-    with pytest.raises(session.SessionError, match="start it with `venv/bin/python -m gpu_migration_local start`"):
+    with pytest.raises(session.SessionError, match="no local environment is running: start it with `.* start`"):
         pulumi_cli.main(["stack", "ls"], paths)
     paths.state.mkdir()
-    paths.session.write_text(json.dumps({"pid": 2**22 + 12345, "env": {}}))  # a session whose process is gone
+    # A killed session's leftovers: its record and lock file, with a pid that is gone and the lock free.
+    paths.session.write_text(json.dumps({"pid": 2**22 + 12345, "env": {}}))
+    paths.lock.write_text(str(2**22 + 12345))
+    assert session.read_session(paths) is None
     with pytest.raises(session.SessionError, match="no local environment is running"):
-        session.stop(paths)
+        session.require_session(paths)
+    said = []
+    assert session.stop(paths, say=said.append) == 0 and session.stop(paths, say=said.append) == 0
+    assert said == [f"no local environment of {tmp_path} is running: nothing to stop"] * 2
 
 
 def test_a_stack_that_points_at_ibm_cloud_is_refused_naming_the_key(tmp_path):

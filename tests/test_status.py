@@ -24,6 +24,12 @@ def stack(p: str) -> str:
         f"    - {{name: {p}n1, workerId: w1, stage: dra}}\n"
         f"    - {{name: {p}n2, workerId: w2, stage: device-plugin}}\n"
         f"    - {{name: {p}n3, workerId: w3, stage: ibm-managed}}\n"
+        # The rest of what `pulumi preview` requires: status validates the stack file as it does.
+        "  gpu-migration:gpuOperator: {chart: gpu-operator, repo: 'https://helm.ngc.nvidia.com/nvidia', "
+        "version: v25.10.1, namespace: gpu-operator}\n"
+        "  gpu-migration:draDriver: {chart: nvidia-dra-driver-gpu, repo: 'https://helm.ngc.nvidia.com/nvidia', "
+        "version: 25.8.1, namespace: nvidia-dra-driver-gpu}\n"
+        "  gpu-migration:smokeTest: {image: 'nvcr.io/nvidia/cuda:12.9.1-base-ubi9'}\n"
     )
 
 
@@ -251,3 +257,74 @@ def test_a_running_local_session_gives_status_its_pulumi_and_backend(project, ku
     (project / ".local" / "session.json").write_text(json.dumps({**record, "stack": "local"}))
     code, out, err = run(project, capsys, kubeconfig=kube.kubeconfig)
     assert err.startswith("note: pulumi CLI not on PATH")
+
+
+# --- the stack file validated as `pulumi preview` validates it; a stopped local environment (issue 39 section 3) ---
+
+
+def status_error(project: pathlib.Path, capsys, stack: str = "pilot") -> str:
+    code, out, err = run_stack(project, capsys, stack)
+    assert code == 1 and out == "", out
+    return err
+
+
+def run_stack(project: pathlib.Path, capsys, stack: str):
+    (project / "none.json").write_text("{}")  # no stack outputs: the errors come before they matter
+    code = status.main(["--stack", stack, "--project-dir", str(project), "--outputs", str(project / "none.json")])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("change, lines", [
+    (lambda text: text.replace("gpu-migration:kubeVersion", "gpu-migration:kubeVerison"), [
+        "  gpu-migration:kubeVersion: is required",
+        "  gpu-migration:kubeVerison: unknown key (got '1.37'); did you mean kubeVersion?"]),
+    (lambda text: text.replace("stage: ibm-managed", "stage: done"), [
+        "  gpu-migration:nodes[2].stage: 'done' is not one of ibm-managed, device-plugin, dra"]),
+    (lambda text: text.replace("version: v25.10.1", "version: 25.10"), [  # YAML: the number 25.1
+        "  gpu-migration:gpuOperator.version: 25.1 is a number: YAML reads an unquoted version as one (25.10 as "
+        "25.1, 1.30 as 1.3); quote it as you mean it, e.g. \"25.10\""]),
+])
+def test_an_invalid_stack_file_is_refused_with_the_errors_preview_gives(tmp_path, capsys, change, lines):
+    """Before: a misspelt kubeVersion showed every node at `3/4 (next: worker replaced)` with exit 0, an unknown stage
+    was printed as it is."""
+    (tmp_path / "Pulumi.pilot.yaml").write_text(change(stack("t0-")))
+    assert status_error(tmp_path, capsys) == "\n".join(["error: invalid stack config:", *lines]) + "\n"
+
+
+def test_top_level_values_are_read_as_the_cli_hands_them_to_the_program(tmp_path):
+    """The CLI passes a top-level value as a string (`pulumi config --json`, CLI 3.274: `kubeVersion: 1.30` as "1.3",
+    `yes` as "yes"), an object's as YAML reads it: `status` validates exactly what `preview` would."""
+    (tmp_path / "Pulumi.pilot.yaml").write_text(stack("t0-").replace('"1.37"', "1.30") +
+                                                "  gpu-migration:maxUnavailable: 2\n  gpu-migration:flag: yes\n")
+    raw = status.program_view(tmp_path / "Pulumi.pilot.yaml")
+    assert (raw["kubeVersion"], raw["maxUnavailable"], raw["flag"]) == ("1.3", "2", "yes")
+    assert raw["gpuOperator"]["version"] == "v25.10.1" and raw["nodes"][0]["name"] == "t0-n1"
+
+
+def local_stack(project: pathlib.Path) -> None:
+    """A stack of the local environment (Pulumi.local.yaml: IBM Cloud on 127.0.0.1), its kubeconfig where `start`
+    writes it, pointing at an API server that is gone."""
+    from gpu_migration_local.control_plane import free_port
+    text = (stack("t0-") + "  gpu-migration:kubeconfig: .local/kubeconfig\n"
+            "  gpu-migration:ibmCloud: {endpoint: 'http://127.0.0.1', iamEndpoint: 'http://127.0.0.1', "
+            "allowCustomEndpoints: true}\n")
+    (project / "Pulumi.local.yaml").write_text(text)
+    (project / ".local").mkdir()
+    (project / ".local" / "kubeconfig").write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{free_port()}",
+                                               "insecure-skip-tls-verify": True}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}], "users": [{"name": "u", "user": {}}]}))
+
+
+def test_after_stop_status_says_no_local_environment_runs_and_how_to_start_one(tmp_path, capsys):
+    """Not "check the network/VPN": the stack is the local environment's and no session of it runs (here its record
+    is left from a session whose process is gone)."""
+    local_stack(tmp_path)
+    (tmp_path / ".local" / "session.json").write_text(json.dumps({"pid": 2**22 + 12345, "stack": "local"}))
+    hint = (f"error: no local environment is running for stack local: start it with `venv/bin/python -m "
+            f"gpu_migration_local --project {tmp_path} start` (docs/operations.md#rehearse-locally)\n")
+    assert status_error(tmp_path, capsys, "local") == hint
+    (tmp_path / ".local" / "kubeconfig").unlink()  # never started in this project
+    assert status_error(tmp_path, capsys, "local") == hint

@@ -8,13 +8,11 @@ to be renamed), then shows per node: worker ID and kubelet version, the
 configured stage and how far the node is through it, whether it is cordoned, and the last verification recorded on it
 by SmokeTestVerification or the switch's rollback check (annotation migration.example.com/gpu-verification); then the
 migration plan (batches, budget: iks_gpu_migration.plan).
-Every failure is one line on stderr naming what to fix; exit code 1.
+The stack file is validated first, as `pulumi preview` validates it (an invalid one: the same lines). Every other
+failure is one line on stderr naming what to fix; exit code 1.
 """
 import argparse
 import json
-import os
-import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,104 +21,20 @@ from typing import Any, Optional
 import yaml
 
 from ..common.versions import version_at_least
-from ..config import NAMESPACE, MigrationConfig, Node, TempGpuPool
+from ..config import MigrationConfig, Node, TempGpuPool
 from ..kube.labels import DEVICE_PLUGIN_OFF, IBM_MANAGED_LABELS, OPERANDS_OFF
 from ..kube.records import DRAIN_ANNOTATION, VERIFICATION_ANNOTATION
 from ..plan import make_plan, parse_max_unavailable
+from .status_inputs import (PROJECT_DIR, StatusError, Unreachable, kubeconfig_path, load_outputs, load_stack,
+                            local_environment_hint, validate)
+# Also as status.X (tests/harness.py, tests/test_status.py).
+from .status_inputs import local_session_cli, program_view, stack_config  # noqa: F401
 
-PROJECT_DIR = Path(__file__).resolve().parents[2]
 OPERATOR_LABELS = ("nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.operands",
                    "nvidia.com/gpu.deploy.driver", "nvidia.com/gpu.present")
 COLUMNS = ("node", "worker", "kube", "stage", "progress", "cordoned", "drained", "verification")
 REQUEST_TIMEOUT = 15  # seconds per API call: status must answer, not hang on an unreachable server
 DEFAULTS = {name: f.default for name, f in MigrationConfig.model_fields.items()}
-
-
-class StatusError(Exception):
-    """Status cannot be shown; the message is one line that says what to do."""
-
-
-# --- inputs: stack config, stack outputs, kubeconfig ------------------------------------------------------------
-
-
-def stack_config(path: Path) -> dict:
-    """The `gpu-migration:*` keys of a stack file, without the namespace prefix."""
-    config = (yaml.safe_load(path.read_text()) or {}).get("config") or {}
-    return {k.partition(":")[2]: v for k, v in config.items() if k.startswith(f"{NAMESPACE}:")}
-
-
-def load_stack(project_dir: Path, stack: str) -> dict:
-    path = Path(project_dir) / f"Pulumi.{stack}.yaml"
-    if not path.is_file():
-        known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in Path(project_dir).glob("Pulumi.*.yaml"))
-        raise StatusError(f"unknown stack {stack!r}: no {path.name} in {project_dir} "
-                          f"(stacks here: {', '.join(known) or 'none'})")
-    try:
-        config = stack_config(path)
-    except (yaml.YAMLError, AttributeError) as e:
-        raise StatusError(f"{path} is not a readable stack file: {' '.join(str(e).split())}") from None
-    if not isinstance(config.get("nodes"), list):
-        raise StatusError(f"{path} has no gpu-migration:nodes list")
-    return config
-
-
-def local_session_cli(project_dir: Path, stack: str) -> Optional[tuple[str, dict[str, str]]]:
-    """The Pulumi CLI and environment of a running local session of `stack` (gpu_migration_local/session.py writes
-    <project>/.local/session.json while it runs), so `status --stack local` reads its outputs without the shell's
-    `eval` of its environment; None otherwise."""
-    try:
-        record = json.loads((Path(project_dir) / ".local" / "session.json").read_text())
-        os.kill(int(record["pid"]), 0)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if record.get("stack") != stack or not record.get("pulumi"):
-        return None
-    return record["pulumi"], {**os.environ, **record.get("env", {})}
-
-
-def load_outputs(stack: str, outputs_file: Optional[Path], project_dir: Path) -> tuple[dict, list[str]]:
-    """Stack outputs and notes on what could not be read (status then shows configured names only)."""
-    if outputs_file is not None:
-        try:
-            return json.loads(Path(outputs_file).read_text()), []
-        except (OSError, json.JSONDecodeError) as e:
-            raise StatusError(f"--outputs {outputs_file}: not a JSON file from `pulumi stack output --json` ({e})")
-    pulumi, env = local_session_cli(project_dir, stack) or (shutil.which("pulumi"), None)
-    if pulumi is None:
-        return {}, ["pulumi CLI not on PATH: showing configured node names; pass --outputs FILE (from `pulumi stack "
-                    "output --json --stack S`) to see replaced nodes under their new names"]
-    try:
-        done = subprocess.run([pulumi, "stack", "output", "--json", "--stack", stack], cwd=project_dir,
-                              capture_output=True, text=True, timeout=120, env=env)
-    except subprocess.TimeoutExpired:
-        return {}, ["`pulumi stack output` did not answer within 120s: showing configured node names"]
-    if done.returncode != 0:
-        reason = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        return {}, [f"`pulumi stack output --stack {stack}` failed ({reason}): showing configured node names"]
-    try:
-        return json.loads(done.stdout or "{}"), []
-    except json.JSONDecodeError:
-        return {}, ["`pulumi stack output --json` printed no JSON: showing configured node names"]
-
-
-def kubeconfig_path(arg: Optional[str], config: dict, project_dir: Optional[Path] = None) -> str:
-    """--kubeconfig, then gpu-migration:kubeconfig (a relative path from the project directory, where the CLI runs the
-    program), then KUBECONFIG (first entry), then ~/.kube/config."""
-    if arg:
-        source = "--kubeconfig"
-    elif config.get("kubeconfig"):
-        arg, source = config["kubeconfig"], "gpu-migration:kubeconfig"
-    elif os.environ.get("KUBECONFIG"):
-        arg, source = os.environ["KUBECONFIG"].split(os.pathsep)[0], "KUBECONFIG"
-    else:
-        arg, source = "~/.kube/config", "the default"
-    path = os.path.expanduser(arg)
-    if source == "gpu-migration:kubeconfig" and project_dir is not None:
-        path = os.path.join(project_dir, path)  # unchanged when absolute
-    if not os.path.isfile(path):
-        raise StatusError(f"kubeconfig {path} (from {source}) does not exist; pass --kubeconfig PATH "
-                          f"(for IKS: `ibmcloud ks cluster config --cluster <cluster>` writes one)")
-    return path
 
 
 def connect(path: str):
@@ -176,7 +90,7 @@ def read_node(core, name: str, server: str):
                           f"{status.get('message')}") from None
     except HTTPError as e:
         reason = getattr(e, "reason", None) or e
-        raise StatusError(f"cannot reach the Kubernetes API server at {server}: {' '.join(str(reason).split())}; "
+        raise Unreachable(f"cannot reach the Kubernetes API server at {server}: {' '.join(str(reason).split())}; "
                           f"check the network/VPN or pass --kubeconfig PATH") from None
 
 
@@ -342,18 +256,27 @@ def collect(stack: str, kubeconfig: Optional[str] = None, project_dir: Path = PR
     from kubernetes import client
 
     config = load_stack(project_dir, stack)
+    hint = local_environment_hint(config, project_dir, stack)
+    if hint and config.get("kubeconfig") and not (Path(project_dir) / str(config["kubeconfig"])).is_file():
+        raise StatusError(hint)  # never started here: its kubeconfig is made by `start`
+    validate(project_dir, stack)
     outputs, notes = load_outputs(stack, outputs_file, project_dir)
     path = kubeconfig_path(kubeconfig, config, project_dir)
     nodes = []
     with connect(path) as api:
         core, server = client.CoreV1Api(api), api.configuration.host
         for entry in config["nodes"]:
-            entry = entry if isinstance(entry, dict) else {"name": str(entry)}
             # Outputs are keyed by the entry's key (else its name): node:<key>.nodeName is the node now.
             output = outputs.get(f"node:{entry.get('key') or entry.get('name')}") or {}
             output = output if isinstance(output, dict) else {}
             name = output.get("nodeName") or entry.get("name")
-            nodes.append(node_status(entry, output, node_facts(read_node(core, str(name), server)), config))
+            try:
+                facts = node_facts(read_node(core, str(name), server))
+            except Unreachable:
+                if hint:  # a stopped local environment, not the network
+                    raise StatusError(hint) from None
+                raise
+            nodes.append(node_status(entry, output, facts, config))
     return {"stack": stack, "kubeconfig": path, "notes": notes, "nodes": nodes, "plan": plan_text(config)}
 
 

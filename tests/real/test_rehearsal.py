@@ -1,18 +1,19 @@
 """The README's rehearsal (issue 19): the commands a platform engineer will type against IKS, typed against a local
 environment that stays up between them. Everything through the real commands, each its own process: `start`, `env`
-(its exports), `python -m gpu_migration_local pulumi ...` (the real CLI, every argument passed through), `status`,
-`pulumi stack history` (the CLI from the exported PATH, as printed), `stop`.
+(its exports), plain `pulumi ...` after them and `python -m gpu_migration_local pulumi ...` (the real CLI, every
+argument passed through), `status`, `pulumi stack history`, `stop`.
 
-start -> up (two device-plugin nodes, one ibm-managed) -> status -> expand the pilot by editing the stack file (the
-preview changes only the new dra node and the DRA path) -> up -> status -> roll back as the docs give it (stack history
-names the good update, its stack file comes back as `git checkout <commit> -- Pulumi.local.yaml`, preview, up) ->
-status -> stack history shows the three updates -> recover's dry run finds nothing to do -> stop."""
+start (a second start of the same project refused, naming its pid, before anything is touched; another project's
+environment runs beside it on ports of its own: issue 39) -> up (two device-plugin nodes, one ibm-managed) -> status
+-> expand the pilot by editing the stack file (the preview changes only the new dra node and the DRA path) -> up ->
+status -> roll back as the docs give it (stack history names the good update, its stack file comes back as `git
+checkout <commit> -- Pulumi.local.yaml`, plain `pulumi preview`, up) -> status -> stack history shows the three updates
+-> recover's dry run finds nothing to do -> stop (then status and a second stop say none runs)."""
 import json
 import os
 import pathlib
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -29,24 +30,14 @@ DRA = "10.240.0.11"
 START_TIMEOUT = 300  # the tools are built by then (the session fixtures build them first)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def project_dir(tmp_path):
-    """A copy of the project with Pulumi.local.yaml (the operator chart where `start` links it, the DRA stand-in by
-    absolute path) and its emulator on a free port."""
-    d = tmp_path / "project"
+def copy_project(d: pathlib.Path) -> pathlib.Path:
+    """A copy of the project with Pulumi.local.yaml as it is (the operator chart where `start` links it, the
+    emulator's endpoint without a port: the session picks one), the DRA stand-in by absolute path."""
     d.mkdir()
     shutil.copy(REPO / "Pulumi.yaml", d / "Pulumi.yaml")
     text = (REPO / "Pulumi.local.yaml").read_text()
     stack = yaml.safe_load(text)
     cfg = stack["config"]
-    url = f"http://127.0.0.1:{free_port()}"
-    cfg["gpu-migration:ibmCloud"].update(endpoint=url, iamEndpoint=url)
     cfg["gpu-migration:draDriver"]["chart"] = str(CHARTS / "nvidia-dra-driver-gpu")
     cfg["gpu-migration:timeouts"]["pollInterval"] = 0.2
     for node in cfg["gpu-migration:nodes"]:
@@ -54,6 +45,48 @@ def project_dir(tmp_path):
             node["stage"] = "device-plugin"  # the pilot starts without a dra node
     (d / "Pulumi.local.yaml").write_text(yaml.safe_dump(stack, sort_keys=False))
     return d
+
+
+@pytest.fixture
+def project_dir(tmp_path):
+    return copy_project(tmp_path / "project")
+
+
+class Started:
+    """`start` of a project in its own process, its output read as it comes (a full pipe would block it)."""
+
+    def __init__(self, project: pathlib.Path):
+        self.process = subprocess.Popen([PY, "-m", "gpu_migration_local", "--project", str(project), "start"],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.seen: list[str] = []
+        threading.Thread(target=lambda: self.seen.extend(iter(self.process.stdout.readline, "")), daemon=True).start()
+
+    def wait_up(self) -> str:
+        started = time.monotonic()
+        while not any("The local environment is up" in line for line in list(self.seen)):
+            assert time.monotonic() - started < START_TIMEOUT and self.process.poll() is None, "".join(self.seen)
+            time.sleep(0.2)
+        return "".join(self.seen)
+
+    def end(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=60)
+
+
+def record(project: pathlib.Path) -> dict:
+    return json.loads((project / ".local" / "session.json").read_text())
+
+
+def runs_beside(project: pathlib.Path, other_dir: pathlib.Path, other: Started) -> None:
+    """Another clone's environment, started beside the running one (issue 39 section 2), comes up on ports of its
+    own, recorded in its session; then it stops."""
+    other.wait_up()
+    mine, theirs = record(project), record(other_dir)
+    assert mine["iksEndpoint"] != theirs["iksEndpoint"]
+    assert mine["iksEndpoint"] == f"http://127.0.0.1:{mine['ports']['iks']}"
+    assert not set(mine["ports"].values()) & set(theirs["ports"].values()), (mine["ports"], theirs["ports"])
+    assert local(other_dir, "stop").returncode == 0 and other.process.wait(timeout=60) == 0
 
 
 def local(project: pathlib.Path, *args: str, env=None, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -100,21 +133,24 @@ def all_done(nodes: dict[str, dict]) -> dict[str, str]:
     return {name: n["stage"] for name, n in nodes.items() if n["steps"] and all(s["done"] for s in n["steps"])}
 
 
-def test_the_readme_rehearsal_start_up_expand_roll_back_status_stop(project_dir, request):
+def test_the_readme_rehearsal_start_up_expand_roll_back_status_stop(project_dir, tmp_path, request):
     request.config.real_engine_nodeids.add(request.node.nodeid)
-    session = subprocess.Popen([PY, "-m", "gpu_migration_local", "--project", str(project_dir), "start"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    started = Started(project_dir)
+    other = None
     try:
-        seen: list[str] = []
-        reader = threading.Thread(target=lambda: seen.extend(iter(session.stdout.readline, "")), daemon=True)
-        reader.start()  # the session's output is read as it comes (a full pipe would block it)
-        started = time.monotonic()
-        while not any("The local environment is up" in line for line in list(seen)):
-            assert time.monotonic() - started < START_TIMEOUT and session.poll() is None, "".join(seen)
-            time.sleep(0.2)
-        assert f"eval \"$({PY_DIR}/python -m gpu_migration_local --project {project_dir} env)\"" in "".join(seen)
+        out = started.wait_up()
+        local_py = f"{PY_DIR}/python -m gpu_migration_local --project {project_dir}"
+        assert f"eval \"$({local_py} env)\"" in out and "\n  pulumi preview --stack local\n" in out
+        pid = started.process.pid
         again = local(project_dir, "start")
-        assert again.returncode == 1 and "already runs" in again.stderr
+        assert again.returncode == 1 and again.stderr == (
+            f"error: a local environment of {project_dir} already runs (pid {pid}): use it (`eval \"$({local_py} "
+            f"env)\"`) or stop it first with `{local_py} stop` (or `kill {pid}`); nothing was changed\n")
+        assert (project_dir / ".local" / "backend").is_dir() and record(project_dir)["pid"] == pid
+
+        other = Started(copy_project(tmp_path / "other-clone"))
+        runs_beside(project_dir, tmp_path / "other-clone", other)
+
         env = exported(local(project_dir, "env").stdout)
         stack_file = project_dir / "Pulumi.local.yaml"
         good = stack_file.read_text()
@@ -144,8 +180,10 @@ def test_the_readme_rehearsal_start_up_expand_roll_back_status_stop(project_dir,
         # file comes back (`git checkout <commit> -- Pulumi.local.yaml`), preview, up.
         assert [u["result"] for u in history(project_dir, env)] == ["succeeded"] * 2
         stack_file.write_text(good)  # the stack file of the update that was good
-        back_preview = local(project_dir, "pulumi", "preview", "--stack", "local")
-        assert back_preview.returncode == 0 and f"{DRA}-switch" in back_preview.stdout, back_preview.stdout[-2000:]
+        # Plain `pulumi preview` after the eval, as docs/operations.md and `recover` print it (issue 39 section 3).
+        back_preview = subprocess.run(["pulumi", "preview", "--stack", "local"], cwd=project_dir, env=env,
+                                      text=True, capture_output=True, timeout=300)
+        assert back_preview.returncode == 0 and f"{DRA}-switch" in back_preview.stdout, back_preview.stderr[-2000:]
         assert local(project_dir, "pulumi", "up", "--stack", "local", "--yes").returncode == 0
         back = status(project_dir, env)
         assert back[DRA]["stage"] == "device-plugin" and all_done(back) == all_done(first)
@@ -156,12 +194,18 @@ def test_the_readme_rehearsal_start_up_expand_roll_back_status_stop(project_dir,
         assert recover.returncode == 0 and "no pending operations and no lock to remove" in recover.stdout, recover
 
         assert local(project_dir, "stop").returncode == 0
-        assert session.wait(timeout=60) == 0
-        assert "the local environment is stopped" in "".join(seen)
+        assert started.process.wait(timeout=60) == 0
+        assert "the local environment is stopped" in "".join(started.seen)
         assert not (project_dir / ".local" / "session.json").exists()
         gone = local(project_dir, "pulumi", "stack", "ls")
         assert gone.returncode == 1 and "no local environment is running" in gone.stderr
+        stopped = subprocess.run([PY, "-m", "iks_gpu_migration.cli.status", "--stack", "local", "--project-dir",
+                                  str(project_dir)], text=True, capture_output=True, env=env, timeout=120)
+        assert stopped.returncode == 1 and stopped.stderr.startswith(
+            "error: no local environment is running for stack local: start it with"), stopped.stderr
+        second = local(project_dir, "stop")
+        assert second.returncode == 0 and "nothing to stop" in second.stdout
     finally:
-        if session.poll() is None:
-            session.terminate()
-            session.wait(timeout=60)
+        started.end()
+        if other is not None:
+            other.end()
