@@ -127,6 +127,9 @@ class ControlPlane:
     apiserver_port: int = 0
     # A fresh admin token for every control plane: a token fixed in the source would open any run's API server.
     admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    # Opt-in: an audit Policy (audit.k8s.io/v1, as a dict); the API server then writes its events to `audit_log`
+    # (JSON lines; k8s.io/apiserver pkg/apis/audit/v1 types.go). Tests read it for the answers to a given user.
+    audit_policy: Optional[dict] = None
 
     @property
     def kubeconfig(self) -> pathlib.Path:
@@ -136,6 +139,17 @@ class ControlPlane:
     def ca_file(self) -> pathlib.Path:
         """The API server's self-signed serving certificate, which clients trust as its CA."""
         return self.workdir / "apiserver-certs" / "apiserver.crt"
+
+    @property
+    def audit_log(self) -> pathlib.Path:
+        return self.workdir / "audit.log"
+
+    def _audit_flags(self) -> list[str]:
+        if self.audit_policy is None:
+            return []
+        policy = self.workdir / "audit-policy.json"
+        policy.write_text(json.dumps({"apiVersion": "audit.k8s.io/v1", "kind": "Policy", **self.audit_policy}))
+        return ["--audit-policy-file", str(policy), "--audit-log-path", str(self.audit_log)]
 
     @property
     def server(self) -> str:
@@ -187,7 +201,7 @@ class ControlPlane:
             "--kubelet-preferred-address-types", "InternalIP",
             "--enable-priority-and-fairness=false",
             # 1.37 refuses a loopback advertise address for the kubernetes Service endpoints; nothing routes there.
-            "--endpoint-reconciler-type", "none",
+            "--endpoint-reconciler-type", "none", *self._audit_flags(),
         ])
         apiserver.start()
         self._wait_ready(f"{self.server}/readyz", "kube-apiserver /readyz", timeout, [etcd, apiserver])

@@ -35,10 +35,10 @@ def apply(api: client.ApiClient, docs: list[dict]) -> None:
                 rbac.replace_cluster_role(doc["metadata"]["name"], doc)
 
 
-def without(resource: str, verb: str) -> Callable[[dict], None]:
-    """An edit of the ClusterRole gpu-migration that takes `verb` off its rule for `resource`."""
+def without(resource: str, verb: str, role: str = "gpu-migration") -> Callable[[dict], None]:
+    """An edit of the ClusterRole `role` that takes `verb` off its rules for `resource`."""
     def edit(doc: dict) -> None:
-        if doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == "gpu-migration":
+        if doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == role:
             for rule in doc["rules"]:
                 if resource in rule["resources"]:
                     rule["verbs"] = [v for v in rule["verbs"] if v != verb]
