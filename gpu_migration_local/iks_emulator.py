@@ -11,7 +11,8 @@ Fault injection:
   stick(worker_id) / stick_new_workers  a worker (or every new one) stays in provisioning forever
   refuse_replace[worker_id] = (status, description)  replaceWorker answers that error and changes nothing
   replace_lag = n                     an accepted replace shows (old deleting, new provisioning) only n ticks later
-  fail_new_workers = (state, message)  new workers end in e.g. provision_failed with that message
+  fail_new_workers = (state, message)  new workers end in e.g. provision_failed with that message (a GPU flavor out
+                                      of stock in the zone); with fail_new_workers_in = {(pool name, zone)} only there
   flap_new_workers = n                new workers' health goes normal/critical/normal... for n ticks once deployed
   rebalance = False                   a replace deletes the old worker and creates none, whatever the pool says
   set_autobalance(pool, zone, False)  the pool's automatic rebalancing off in a zone (autobalanceEnabled: false)
@@ -55,7 +56,8 @@ Behaviour of the real service modelled here, with its source (see /work/shared/r
   cs_versions.md; the error code and wording here are the emulator's own, the real ones are not public).
 
 Request log for ordering assertions: `requests` (every request, in order); `replace_log` [(request index, worker)];
-`created_at` {worker: request index at which it was created}; `first_listed` {worker: index of the first
+`created_at` {worker: request index at which it was created}; `deployed_at` {worker: request index at which it
+reached deployed and Ready}; `first_listed` {worker: index of the first
 getWorkers/getWorker answer that showed it}.
 """
 import itertools
@@ -105,6 +107,7 @@ class IksEmulator:
         self.replace_log: list[tuple[int, str]] = []  # (request index, workerID) of every replaceWorker request
         self.created_at: dict[str, int] = {}  # worker ID -> index of the request during which it was created
         self.first_listed: dict[str, int] = {}  # worker ID -> index of the first answer that showed it
+        self.deployed_at: dict[str, int] = {}  # worker ID -> index of the request during which it deployed
         self.tokens: dict[str, bool] = {}  # token -> still valid
         self.keys: dict[str, str] = {api_key: "Operator"}  # API key -> IAM platform role on this cluster
         self.token_roles: dict[str, str] = {}  # token -> the role of the key it was issued for
@@ -115,6 +118,7 @@ class IksEmulator:
         self.stick_new_workers = False
         self.replace_lag = 0
         self.fail_new_workers: Optional[tuple[str, str]] = None
+        self.fail_new_workers_in: Optional[set[tuple[str, str]]] = None  # (pool name, zone); None: every pool
         self.flap_new_workers = 0
         self.flapping: set[str] = set()  # workers whose health still flaps
         self.rebalance = True
@@ -288,7 +292,9 @@ class IksEmulator:
         if worker["lifecycle"]["desiredState"] != "deployed":
             return
         worker["kubeVersion"]["actual"] = worker["kubeVersion"]["desired"]
-        if self.fail_new_workers:  # worker-node-state-reference: provision_failed / deploy_failed
+        where = (worker["poolName"], worker["location"])
+        if self.fail_new_workers and (self.fail_new_workers_in is None or where in self.fail_new_workers_in):
+            # worker-node-state-reference: provision_failed / deploy_failed
             state, message = self.fail_new_workers
             worker["lifecycle"].update(actualState=state, message=message)
             worker["health"].update(state="critical", message=message)
@@ -296,6 +302,7 @@ class IksEmulator:
         worker["kubeVersion"]["actual"] = worker["kubeVersion"]["desired"]
         worker["lifecycle"].update(actualState="deployed", message="")
         worker["health"].update(state="normal", message="Ready")
+        self.deployed_at[worker["id"]] = len(self.requests) - 1
         if self.flap_new_workers:  # a fresh node's Ready condition can flap (terraform waits 3 normal readings)
             self._flap(worker, self.flap_new_workers)
 

@@ -201,17 +201,87 @@ def test_the_opt_out_lets_the_pool_pass(emu):
 
 # Canary per pool and zone ---------------------------------------------------------------------------------------
 
-def test_the_canary_shows_its_new_worker_before_its_batch_mates_in_the_pool_and_zone_are_replaced(emu):
+def test_the_canary_brings_its_new_worker_to_ready_before_its_batch_mates_in_the_pool_and_zone_are_replaced(emu):
     olds = [emu.add_worker()["id"] for _ in range(3)]
     emu.replace_lag = 20  # without the canary every request would be in before any new worker shows
     results = replace_together(emu, olds)
     assert all(isinstance(r, dict) for r in results.values()), results
     (first_at, canary), *later = emu.replace_log
     canary_new = results[canary]["new_worker_id"]
-    shown_at = emu.first_listed[canary_new]
-    assert emu.created_at[canary_new] <= shown_at
-    assert len(later) == 2 and all(at > shown_at for at, _ in later), (emu.replace_log, shown_at)
+    ready_at = emu.deployed_at[canary_new]
+    assert len(later) == 2 and all(at > ready_at for at, _ in later), (emu.replace_log, ready_at)
     assert {results[old]["new_worker_id"] for old in olds} == {w["id"] for w in live_workers(emu)}
+
+
+def test_a_stock_out_costs_the_canary_alone_and_other_pools_go_on(emu):
+    """The GPU flavor runs out in pool gpu, zone us-south-1: its new workers end in provision_failed. Exactly one
+    replaceWorker goes there; its batch-mates keep their old workers and name the canary's state and IBM's message;
+    pool gpu-b is replaced."""
+    olds = [emu.add_worker()["id"] for _ in range(3)]
+    other = emu.add_worker(pool_name="gpu-b")["id"]
+    emu.fail_new_workers = ("provision_failed", "Insufficient capacity for flavor gx3.16x80.l4 in zone us-south-1")
+    emu.fail_new_workers_in = {("gpu", "us-south-1")}
+    results = replace_together(emu, [*olds, other])
+    (canary,) = set(emu.replaced) & set(olds)
+    assert sorted(emu.replaced) == sorted([canary, other]), emu.replace_log
+    assert isinstance(results[canary], ReplacementError) and "provision_failed" in str(results[canary])
+    for mate in set(olds) - {canary}:
+        text = str(results[mate])
+        assert isinstance(results[mate], ReplacementError), results
+        assert f"worker {mate} of cluster gpu-cluster was not replaced" in text
+        assert "provision_failed" in text and "Insufficient capacity for flavor gx3.16x80.l4" in text, text
+        assert f"worker {canary}:" in text, text
+        assert emu.workers[mate]["lifecycle"]["actualState"] == "deployed"
+    assert isinstance(results[other], dict), results
+
+
+def test_a_proven_pool_and_zone_lets_later_replacements_go_at_once_unless_every_batch_proves_it(emu):
+    """Once a replacement of this run reached Ready in a pool and zone, later ones there need not wait again (both
+    requests go before either new worker shows); with workerPoolRules.canary everyBatch each batch proves it anew."""
+    first, *pair = [emu.add_worker()["id"] for _ in range(3)]
+    assert isinstance(replace(emu, first), dict)
+    emu.replace_lag = 60  # a new worker shows long after both mates' requests
+    before = len(emu.replace_log)
+    results = replace_together(emu, pair)
+    assert all(isinstance(r, dict) for r in results.values()), results
+    (_, a), (_, b) = emu.replace_log[before:]
+    new_a = results[a]["new_worker_id"]
+    assert emu.replace_log[before + 1][0] < emu.first_listed[new_a], emu.replace_log  # b did not wait for a
+
+
+
+def test_with_every_batch_each_batch_proves_its_pool_and_zone_again(emu, monkeypatch):
+    """workerPoolRules.canary everyBatch: each batch's first replacement in a pool and zone is its canary; once it
+    is Ready, the rest of that batch there goes together, and the next batch has a canary of its own."""
+    drains_recorded(monkeypatch)
+    every = {"pool_rules": {"canary": "everyBatch"}}
+    emu.replace_lag = 60  # a new worker shows long after both mates' requests
+    for index, size in ((1, 3), (2, 2)):
+        olds = [emu.add_worker(pool_name="gpu-c")["id"] for _ in range(size)]
+        before = len(emu.replace_log)
+        results = replace_together(emu, olds, evict={"kubeconfig": None, "budget": {"index": index}}, **every)
+        assert all(isinstance(r, dict) for r in results.values()), results
+        (_, canary), *mates = emu.replace_log[before:]
+        ready_at = emu.deployed_at[results[canary]["new_worker_id"]]
+        assert len(mates) == size - 1 and all(at > ready_at for at, _ in mates), (emu.replace_log, index)
+        if len(mates) > 1:  # the batch-mates went together, not one canary after the other
+            (_, first), (second_at, _) = mates
+            assert second_at < emu.first_listed[results[first]["new_worker_id"]], emu.replace_log
+
+
+def test_a_failure_after_the_pool_was_proven_stops_every_later_request_there(emu):
+    """A stock-out after the canary proved the pool and zone costs the replacements then in flight; none goes
+    there after it in this run."""
+    first, second, third = [emu.add_worker()["id"] for _ in range(3)]
+    assert isinstance(replace(emu, first), dict)
+    emu.fail_new_workers = ("provision_failed", "Insufficient capacity")
+    with pytest.raises(ReplacementError, match="provision_failed"):
+        replace(emu, second)
+    before = len(emu.replace_log)
+    with pytest.raises(ReplacementError, match=f"worker {second}: .*provision_failed") as refused:
+        replace(emu, third)
+    assert len(emu.replace_log) == before and "no further replaceWorker goes there" in str(refused.value)
+    assert emu.workers[third]["lifecycle"]["actualState"] == "deployed"
 
 
 def test_other_pools_and_zones_have_their_own_canary(emu):
@@ -225,7 +295,7 @@ def test_other_pools_and_zones_have_their_own_canary(emu):
     (waiter,) = set(same) - {canary}
     assert sorted(emu.replaced) == sorted([canary, *elsewhere])
     assert all(isinstance(results[old], WaitTimeout) for old in [canary, *elsewhere]), results
-    assert "the canary of worker pool gpu-a, zone us-south-1" in str(results[waiter])
+    assert "in worker pool gpu-a, zone us-south-1 a replacement of this run stopped" in str(results[waiter])
 
 
 def test_a_canary_that_shows_no_new_worker_stops_its_batch_mates_unreplaced(emu):
@@ -236,8 +306,8 @@ def test_a_canary_that_shows_no_new_worker_stops_its_batch_mates_unreplaced(emu)
     (mate,) = set(olds) - {canary}
     assert "no new worker appeared" in str(results[canary])
     assert isinstance(results[mate], ReplacementError)
-    assert f"the canary of worker pool gpu, zone us-south-1, worker {canary}, stopped before its new worker " \
-           f"appeared" in str(results[mate])
+    assert "in worker pool gpu, zone us-south-1 a replacement of this run stopped after IKS accepted it" \
+           in str(results[mate]) and f"worker {canary}: " in str(results[mate])
     assert emu.workers[mate]["lifecycle"]["actualState"] == "deployed"
 
 
@@ -272,8 +342,8 @@ def test_a_batch_drains_beside_its_canary_and_only_its_requests_wait_for_it(emu,
     assert all(isinstance(r, dict) for r in results.values()), results
     assert len(drains) == 3 and max(s for _, s, _ in drains) < min(e for _, _, e in drains), drains
     (_, canary), *later = emu.replace_log
-    shown_at = emu.first_listed[results[canary]["new_worker_id"]]
-    assert len(later) == 2 and all(at > shown_at for at, _ in later), (emu.replace_log, shown_at)
+    ready_at = emu.deployed_at[results[canary]["new_worker_id"]]
+    assert len(later) == 2 and all(at > ready_at for at, _ in later), (emu.replace_log, ready_at)
     assert not released
 
 
@@ -330,7 +400,7 @@ def test_a_canary_stopped_before_its_request_frees_its_pool_and_zone_for_the_nex
     assert isinstance(results[mate], dict) and [old for _, old in emu.replace_log] == [mate]
 
 
-def test_a_batch_mate_goes_as_soon_as_the_canary_shows_its_new_worker_not_a_poll_interval_later():
+def test_a_batch_mate_goes_as_soon_as_the_canary_is_done_not_a_poll_interval_later():
     """The canary's news is this process's own: its batch-mates wake on it (Canaries notifies), so a production
     pollInterval (15 s) is not added to every batch."""
     from iks_gpu_migration.iks import pool_rules
@@ -344,7 +414,7 @@ def test_a_batch_mate_goes_as_soon_as_the_canary_shows_its_new_worker_not_a_poll
     time.sleep(0.3)
     assert not went  # held while the canary shows nothing
     shown = time.monotonic()
-    canaries.shown("gpu-cluster", "gpu-cluster/w1")
+    canaries.end("gpu-cluster", "gpu-cluster/w1", None, worker=canary)
     waiter.join(5)
     assert went and went[0] - shown < 1.0, went
 
@@ -378,17 +448,18 @@ def test_the_master_version_resource_counts_as_seeing_the_master_rest(emu):
     assert emu.count("GET", "/v2/vpc/getCluster") - before == 1
 
 
-def test_the_canary_looks_for_its_new_worker_right_after_its_request(emu):
-    """IKS may show the new worker at once; the canary's batch-mates then go without waiting a poll interval of the
-    canary's (here 3 s; production's default is 15 s)."""
+def test_a_canary_still_provisioning_past_its_timeout_stops_its_batch_mates_unrequested(emu):
+    """The canary's new worker stays in provisioning: when the canary times out, its batch-mates stop at once without
+    a request of their own (not after their own, longer wait), naming the canary and the state it was left in."""
     from iks_gpu_migration.iks import master
     master.RESTED.add(("gpu-cluster", "1.36"))  # seen resting (MasterVersion): one reading before each replacement
     olds = [emu.add_worker()["id"] for _ in range(2)]
-    emu.stick_new_workers = True  # provisioning forever: both replacements time out after their requests
+    emu.stick_new_workers = True  # provisioning forever
     started = time.monotonic()
-    results = replace_together(emu, olds, timeout=2, poll_interval=3)
-    assert all(isinstance(r, WaitTimeout) for r in results.values()), results
-    assert len(emu.replace_log) == 2  # the batch-mate's request came after the canary showed its new worker
-    assert time.monotonic() - started < 5.5  # each: its request, at once its new worker, one interval, timeout
-    (_, canary), (_, mate) = emu.replace_log
-    assert "new worker" in str(results[mate]) or "provisioning" in str(results[mate]), results[mate]
+    results = replace_together(emu, olds, timeout=2, poll_interval=0.5)
+    (_, canary), = emu.replace_log
+    (mate,) = set(olds) - {canary}
+    assert isinstance(results[canary], WaitTimeout) and "provisioning" in str(results[canary]), results
+    assert isinstance(results[mate], ReplacementError) and f"worker {canary}: timed out" in str(results[mate])
+    assert time.monotonic() - started < 5, results
+    assert emu.workers[mate]["lifecycle"]["actualState"] == "deployed"

@@ -9,6 +9,7 @@ from ..common.versions import version_at_least
 from ..common.waiting import WaitTimeout, optional_float, wait_for
 from ..kube.drain_budget import hold_for_budget
 from ..kube.refusals import explained
+from ..plan.iks_rules import PoolRules
 from .api import IksApiError, IksClient
 from . import claims, pool_rules
 from .claims import (current_workers, failed_worker_error, find_replacement, record_entry, recorded_by_other_entries,
@@ -82,7 +83,9 @@ class WorkerReplacementProvider(_IksProvider):
             run.release_unrequested()
             raise
         finally:
-            pool_rules.CANARIES.end(props["cluster"], run.claimant, error, requested=bool(run.requested))
+            pool_rules.CANARIES.end(props["cluster"], run.claimant, error, requested=run.accepted, worker=run.worker,
+                                    every_batch=PoolRules.from_props(props.get("pool_rules")).canary_every_batch,
+                                    batch=pool_rules.batch_of(props))
 
     def _replace_worker(self, props: dict[str, Any], start: str, run: "_Run") -> dict[str, Any]:
         """Resumable: each poll reads the real worker state and takes the next step from there (_Run.poll).
@@ -226,9 +229,17 @@ class _Run:
         self.orphaned_at: Optional[float] = None
         self.drained: Optional[dict] = None  # what the drain moved off the node
         self.drained_nodes: dict[str, str] = {}  # worker ID -> node, drained (or drain started) by this process
+        self.worker: Optional[dict] = None  # the old worker whose pool and zone this replacement is in (canaries)
+        self.adopted = False  # following a replacement an earlier run requested
+
+    @property
+    def accepted(self) -> bool:
+        """IKS accepted a replace of this replacement's worker (this run's request, or an earlier run's)."""
+        return bool(self.requested or self.followed or self.adopted)
 
     def drain(self, worker: dict) -> None:
         """The gates before a replace (master, pool rules, budget, drain): run once per worker."""
+        self.worker = self.worker or worker
         self.drained_nodes[worker["id"]] = primary_ip(worker) or ""
         self.drained = self.provider._before_replace(self.client, self.props, worker)
         self.prepared.add(worker["id"])
@@ -262,7 +273,8 @@ class _Run:
     def _follow(self, cur: dict, workers: list[dict]) -> Optional[dict]:
         """The new worker that takes `cur`'s place, claimed for this replacement; None while none is visible."""
         resumed = self.known is None  # not requested by this process: its batch-mates' claims are unknown
-        if resumed:
+        if resumed:  # IKS accepted an earlier run's request: this replacement counts as requested (CANARIES.end)
+            self.worker, self.adopted = self.worker or cur, True
             pool_rules.CANARIES.adopt(self.cluster, self.claimant, cur)
         pool = self.client.get_worker_pool(self.cluster, cur.get("poolID")) if resumed else None
         recorded = recorded_by_other_entries(self.props) if resumed else {}
@@ -287,7 +299,6 @@ class _Run:
         if is_failed(new):  # never followed: IKS does not retry a failed worker by itself
             raise failed_worker_error(new, self.cluster, cur["id"])
         _log(f"worker {cur['id']} of cluster {self.cluster} is replaced by {new['id']}")
-        pool_rules.CANARIES.shown(self.cluster, self.claimant)
         self.followed.append(cur["id"])
         self.created.add(new["id"])
         self.current, self.known, self.orphaned_at = new["id"], None, None
@@ -316,8 +327,8 @@ class _Run:
         drained = primary_ip(cur) if self.props.get("evict") else None
         self.provider._request(self.client, self.cluster, cur, drained, self.props.get("evict"))
         claims.CLAIMS.requested(self.cluster, self.claimant, cur["id"])
-        # Look again at once, not a poll interval later: IKS may show the new worker right away, and the pool and
-        # zone's batch-mates wait for this canary to show it (pool_rules.py). Once: the worker is now `requested`.
+        # Look again at once, not a poll interval later: IKS may show the new worker right away (and fail it: a
+        # stock-out ends it in provision_failed). Once: the worker is now `requested`.
         done, new, state = self.poll()
         return done, new, state if done or self.current != cur["id"] else \
             f"replacement of worker {cur['id']} (update to {target}) requested"

@@ -90,14 +90,17 @@ def _too_far_behind(pool: Optional[tuple[int, int]], master: tuple[int, int]) ->
 
 @dataclass(frozen=True)
 class PoolRules:
-    """Pools the stack config lets through although they break a rule (`workerPoolRules`)."""
+    """Pools the stack config lets through although they break a rule (`workerPoolRules`), and whether each batch
+    proves its pool and zone with a canary again (`workerPoolRules.canary: everyBatch`; default once per run)."""
     allow_rebalancing_off: frozenset[str] = frozenset()
     allow_autoscaling: frozenset[str] = frozenset()
+    canary_every_batch: bool = False
 
     @classmethod
     def from_props(cls, raw: Optional[Mapping]) -> "PoolRules":
         raw = raw or {}
-        return cls(frozenset(raw.get("allow_rebalancing_off") or ()), frozenset(raw.get("allow_autoscaling") or ()))
+        return cls(frozenset(raw.get("allow_rebalancing_off") or ()), frozenset(raw.get("allow_autoscaling") or ()),
+                   raw.get("canary") == "everyBatch")
 
 
 def autoscaled_pools(ca_config: Optional[str]) -> frozenset[str]:

@@ -11,12 +11,14 @@ from tests.emulators.iks import IksEmulator
 
 @contextmanager
 def local_iks(cluster, nodes: dict[str, str], cluster_name: str = "gpu-local", master: str = "1.35.4_1540",
-              worker_version: str = "1.35.4_1540", pools: Optional[dict[str, str]] = None):
-    """`nodes`: {node name (primary IP): worker ID} of GPU workers at `worker_version` in pool `gpu` (or the pool
-    `pools` names for the node)."""
+              worker_version: str = "1.35.4_1540", pools: Optional[dict[str, str]] = None,
+              zones: Optional[dict[str, str]] = None):
+    """`nodes`: {node name (primary IP): worker ID} of GPU workers at `worker_version` in pool `gpu`, zone
+    us-south-1 (or the pool `pools` and the zone `zones` name for the node)."""
     iks = IksEmulator(cluster=cluster_name, master_version=master).start()
     for name, worker_id in nodes.items():
-        worker = iks.add_worker(pool_name=(pools or {}).get(name, "gpu"), worker_id=worker_id, version=worker_version)
+        worker = iks.add_worker(pool_name=(pools or {}).get(name, "gpu"), zone=(zones or {}).get(name, "us-south-1"),
+                                worker_id=worker_id, version=worker_version)
         worker["networkInterfaces"][0]["ipAddress"] = name
     # New workers get IP 10.240.0.(n % 250 + 2) from this counter, which IAM tokens draw from too (one per provider
     # process and key, iks/api.py shared_authenticator): from 1020 that is .22 upwards for 230 draws, never a

@@ -27,7 +27,10 @@ def test_a_batch_of_eight_moves_its_eight_nodes_at_once(project):
     """8 device-plugin nodes, maxUnavailable 8 (one batch): a preview under a smaller `--parallel` says what to run;
     `up` with it sends all 8 replaceWorker requests (each after its node's drain) within one provisioning delay, and
     the batch ends about one delay after the first: the 8 provider operations waited together, not in two rounds."""
-    with LocalCluster() as cluster, local_iks(cluster, NODES) as iks:
+    # Each node in a pool of its own: each replacement is its pool and zone's canary, so none waits for another's new
+    # worker (one pool and zone's canary: tests/test_iks_rules.py, tests/real/test_stock_out.py).
+    pools = {name: f"gpu-{i}" for i, name in enumerate(NODES)}
+    with LocalCluster() as cluster, local_iks(cluster, NODES, pools=pools) as iks:
         iks.requests = TimedLog()
         iks.provision_seconds = REPLACE_SECONDS
         core = client.CoreV1Api(cluster.api_client)

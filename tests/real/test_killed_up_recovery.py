@@ -274,13 +274,15 @@ def recover_then_one_up(env, stack):
 
 
 def test_killed_after_both_batch_mates_requested_their_replacement_converges(env):
-    """Both replaceWorker calls of a batch (same pool and zone) are in, then SIGKILL: the new workers are linked to
-    nothing. The resumed replacements pair them deterministically; neither stops as ambiguous. Before the kill, while
-    the update runs, recover stops and names it; after, it stops and names the killed CLI's plugins still running."""
-    env.iks.stick_new_workers = True  # both new workers stay provisioning until the kill is done
+    """Both replaceWorker calls of a batch (same pool and zone) are in, then SIGKILL: the canary's new worker reached
+    Ready before its batch-mate's request went (iks/pool_rules.py), the batch-mate's is linked to nothing. The resumed
+    replacement finds its own, never the canary's; nothing stops as ambiguous. Before the kill, while the update
+    runs, recover stops and names it; after, it stops and names the killed CLI's plugins still running."""
     running: dict = {}
 
     def both_calls_then_recover():
+        if env.iks.count("POST", "/v2/vpc/replaceWorker") == 1:
+            env.iks.stick_new_workers = True  # the canary's new worker exists: the batch-mate's stays provisioning
         if env.iks.count("POST", "/v2/vpc/replaceWorker") != 2:
             return False
         running["cli"] = cli_processes()
