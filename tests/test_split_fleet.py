@@ -90,7 +90,11 @@ def test_a_pool_stack_declares_no_master_operator_or_dra_path_and_the_cluster_st
     assert "pulumi:providers:kubernetes" not in types  # no Kubernetes resource, no provider plugin
     ready = pool.named("shared-cluster-ready")
     assert ready.inputs["version"] == raw["kubeVersion"] and "master-version" not in pool.names()
-    assert pool.named("shared-budget-release").inputs["shared"]["holder"] == "organization/gpu-migration/test"
+    shared = pool.named("shared-budget-release").inputs["shared"]
+    # The stack's unique name comes from its SharedBudgetHolder (an ID drawn once, kept in state); its plain name
+    # only finds claims written before.
+    assert shared["legacy_holder"] == "organization/gpu-migration/test" and shared["claim_ttl"] == 600
+    assert pool.named("shared-budget-holder").inputs["base"] == "organization/gpu-migration/test"
     assert all(g.inputs["shared"]["max_unavailable"] == 2 for g in pool.registered if g.name.endswith("-gate"))
     assert pool.named("gpu-node-inventory").inputs["worker_pools"] == ["gpu-b"]
     cluster = run_program({**raw, **split, "workerPools": ["gpu-a"]})

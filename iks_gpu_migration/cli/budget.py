@@ -3,9 +3,10 @@
     python -m iks_gpu_migration.cli.budget --name gpu-fleet [--namespace gpu-migration] [--kubeconfig PATH]
     python -m iks_gpu_migration.cli.budget --name gpu-fleet --release org/project/stack [--yes]
 
-A claim is dropped by its stack's next `up` (when the batch it has out is done) or `pulumi destroy`. By hand only when
-that stack's `up` is not running and the nodes of its claimed batch are back in service (Ready, uncordoned): the
-other stacks' gates then count them as available again. Every failure is one line on stderr; exit code 1.
+A claim is dropped by its stack's next `up` (when the batch it has out is done) or `pulumi destroy`, and expires by
+itself when its stack's `up` stopped renewing it (sharedBudget.claimTtl). By hand only when that stack's `up` is not
+running: its nodes that are still out count anyway (every unavailable GPU node does). Every failure is one line on
+stderr; exit code 1.
 """
 import argparse
 import sys
@@ -21,13 +22,16 @@ from ..plan import shared_budget as decide
 
 
 def show(lease: BudgetLease) -> str:
-    found, claims, limit = lease.read()
+    found, claims, limit, members = lease.read_all()
     where = f"Lease {lease.namespace}/{lease.lease_name}"
     if found is None:
         return f"shared budget {lease.name!r}: no claims ({where} does not exist yet)"
-    lines = [f"shared budget {lease.name!r} ({where}): {decide.held(claims)} of {limit} node(s) out"]
+    lines = [f"shared budget {lease.name!r} ({where}): {decide.held(claims)} of {limit} node(s) claimed"]
     for holder, claim in sorted(claims.items()):
-        lines.append(f"  {claim.describe(holder)}: {', '.join(claim.nodes)}")
+        lines.append(f"  {claim.describe(holder)}, last renewed {claim.heartbeat}: {', '.join(claim.nodes)}")
+    for holder, member in sorted(members.items()):
+        pools = ", ".join(member.pools) or "every pool"
+        lines.append(f"  stack {holder}: {member.nodes} GPU node(s) in {pools}")
     return "\n".join(lines)
 
 

@@ -70,14 +70,16 @@ def eviction_settings(cfg: MigrationConfig, temp_pool: Any) -> dict[str, Any]:
     return settings
 
 
-def drain_budgets(cfg: MigrationConfig, plan: Plan) -> dict[str, dict[str, Any]]:
+def drain_budgets(cfg: MigrationConfig, plan: Plan, shared: Optional[dict[str, Any]] = None
+                  ) -> dict[str, dict[str, Any]]:
     """Per migrated node (configured name): what its replacement checks again right before each drain
-    (kube/drain_budget.py): its batch as the gate admitted it, the gate's selector and budget, bounded like the gate."""
+    (kube/drain_budget.py): its batch as the gate admitted it, the gate's selector and budget (and the shared
+    budget's settings, if any), bounded like the gate."""
     budgets: dict[str, dict[str, Any]] = {}
     for batch in plan.batches:
         budget = {"index": batch.index, "batch": list(batch.nodes), "selector": cfg.gpu_node_selector,
                   "min_available": plan.budget.min_available, "timeout": cfg.timeouts.capacity_gate,
-                  "poll_interval": cfg.timeouts.poll_interval}
+                  "poll_interval": cfg.timeouts.poll_interval, **({"shared": shared} if shared else {})}
         budgets.update(dict.fromkeys(batch.nodes, budget))
     return budgets
 
@@ -123,13 +125,14 @@ def roll_out(cfg: MigrationConfig, out: Declared, gpu_nodes: list[GpuNode], afte
     """The plan's batches (Rollout), every node's steps after its gate, then each node's after-verification hook."""
     out.plan = plan_for(cfg)
     rollout.show(out.plan)
-    evict, budgets = eviction_settings(cfg, out.temp_pool), drain_budgets(cfg, out.plan)
+    shared = rollout.shared_settings(cfg)
+    evict, budgets = eviction_settings(cfg, out.temp_pool), drain_budgets(cfg, out.plan, shared)
     out.nodes = {n.node.ident: n for n in gpu_nodes}
     out.gates = rollout.Rollout(
         out.plan, {n.node.name: n for n in gpu_nodes}, cfg, after,
         lambda gpu_node, deps: gpu_node.migrate(deps, operator_namespace,
                                                 {**evict, "budget": budgets[gpu_node.node.name]}), first_after,
-        verify_batch).gates
+        verify_batch, shared).gates
     for gpu_node in gpu_nodes:
         gpu_node.register_outputs({"stage": gpu_node.node.stage})
         if gpu_node.node.stage != "ibm-managed":
@@ -176,8 +179,21 @@ def inventory(cfg: MigrationConfig, identity: pulumi.Resource) -> GpuNodeInvento
         temp_pool=cfg.temp_gpu_pool.name if cfg.temp_gpu_pool.enabled else None,
         worker_pools=cfg.worker_pools,
         shared_budget_namespace=cfg.shared_budget.namespace if cfg.shared_budget else None,
+        permissions_scope=permission_scope(cfg),
         opts=pulumi.ResourceOptions(depends_on=[identity]),
     )
+
+
+def permission_scope(cfg: MigrationConfig) -> dict[str, Any]:
+    """What the inventory's permission preflight (kube/permissions.py) checks beyond the ClusterRole, so a refusal
+    comes before the master update and the fences: the program's own DeviceClass by name; with clusterComponents the
+    smoke namespace's Role and the chart identity (chartKubeconfig, else kubeconfig), which installs the Helm
+    releases only after both."""
+    scope: dict[str, Any] = {"device_class": dra_path.device_class_name(cfg.extended_resource_name)}
+    if cfg.cluster_components:
+        scope.update(smoke_namespace=cfg.smoke_test.namespace, smoke_pods=bool(cfg.nodes_in("dra")), charts=True,
+                     chart_kubeconfig=cfg.chart_kubeconfig or "")
+    return scope
 
 
 def master_version(cfg: MigrationConfig, ctx: Context, inventory: pulumi.Resource) -> MasterVersion:

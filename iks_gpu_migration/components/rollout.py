@@ -60,17 +60,22 @@ def show(plan: Plan) -> None:
 
 
 def holder() -> str:
-    """This stack in a shared budget's claims."""
+    """This stack's name, as claims held it before they carried the stack's own ID (SharedBudgetHolder)."""
     # DIY backends call every stack's organization "organization"; the engine may pass none (e.g. under mocks).
     return f"{pulumi.get_organization() or 'organization'}/{pulumi.get_project()}/{pulumi.get_stack()}"
 
 
 def shared_settings(cfg: Any) -> Optional[dict[str, Any]]:
-    """What the gates and the release need of gpu-migration:sharedBudget (None without one)."""
+    """What the gates, the drains and the release need of gpu-migration:sharedBudget (None without one): the holder
+    is this stack's unique name (SharedBudgetHolder, declared here once per program)."""
     b = cfg.shared_budget
     if b is None:
         return None
-    return {"name": b.name, "namespace": b.namespace, "max_unavailable": b.max_unavailable, "holder": holder()}
+    unique = shared_budget.SharedBudgetHolder("shared-budget-holder", holder())
+    # pools and nodes: this stack as the fleet's count sees it (plan/fleet_count.py Member).
+    return {"name": b.name, "namespace": b.namespace, "max_unavailable": b.max_unavailable, "holder": unique.holder,
+            "legacy_holder": holder(), "claim_ttl": b.claim_ttl, "pools": list(cfg.worker_pools),
+            "nodes": len(cfg.nodes)}
 
 
 def plan_fingerprint(plan: Plan, cfg: Any) -> str:
@@ -120,8 +125,10 @@ class Rollout(pulumi.ComponentResource):
     def __init__(self, plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after: list[pulumi.Resource],
                  migrate: Callable[["GpuNode", list[pulumi.Resource]], None],
                  first_after: Optional[pulumi.Output] = None,
-                 finish: Optional[Callable[[int, list["GpuNode"]], None]] = None):
+                 finish: Optional[Callable[[int, list["GpuNode"]], None]] = None,
+                 shared: Optional[dict[str, Any]] = None):
         super().__init__("gpu-migration:index:Rollout", "rollout")
+        self.shared = shared  # shared_settings(cfg)
         self.gates: list[capacity_gate.CapacityGate] = []
         previous: Optional[tuple[Batch, list["GpuNode"]]] = None
         preview = pulumi.runtime.is_dry_run()
@@ -146,7 +153,7 @@ class Rollout(pulumi.ComponentResource):
                  ) -> Optional[shared_budget.SharedBudgetRelease]:
         """With a shared budget: after the last batch, the stack's claim goes (each gate already dropped the claim of
         the batch before it)."""
-        shared = shared_settings(cfg)
+        shared = self.shared
         if shared is None or last is None:
             return None
         batch = last[0]
@@ -172,7 +179,7 @@ class Rollout(pulumi.ComponentResource):
             soak_seconds=batch.soak_seconds,
             timeout=cfg.timeouts.capacity_gate,
             poll_interval=cfg.timeouts.poll_interval,
-            shared=shared_settings(cfg),
+            shared=self.shared,
             opts=pulumi.ResourceOptions(parent=self, depends_on=after, aliases=WAS_AT_ROOT),
         )
         self.gates.append(gate)

@@ -42,6 +42,9 @@ class Model(BaseModel):
         # Pydantic's lax mode reads true as 1; for every number field (also ones added later) that hides a typo.
         if isinstance(v, bool) and _is_number_type(cls.model_fields[info.field_name].annotation):
             raise ValueError(f"a boolean ({str(v).lower()}) where a number belongs")
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and info.field_name.endswith("version"):
+            raise ValueError(f"{v!r} is a number: YAML reads an unquoted version as one (25.10 as 25.1, 1.30 as 1.3); "
+                             f"quote it as you mean it, e.g. \"25.10\"")
         return v
 
 
@@ -204,6 +207,10 @@ class WorkerPoolRules(Model):
     allow_rebalancing_off: list[str] = []
     # Managed by the cluster autoscaler (autoscaleEnabled, or enabled in kube-system/iks-ca-configmap).
     allow_autoscaling: list[str] = []
+    # Which replacement proves a pool and zone can bring a worker back before others there go (iks/pool_rules.py):
+    # the run's first (once) or each batch's first (everyBatch: a stock-out later in the run costs one node, not the
+    # pool and zone's replacements then in flight; each batch waits one more replacement time per pool and zone).
+    canary: Literal["once", "everyBatch"] = "once"
 
     @field_validator("allow_rebalancing_off", "allow_autoscaling")
     @classmethod
@@ -213,10 +220,11 @@ class WorkerPoolRules(Model):
             raise ValueError(f"entry {blank[0]} is empty: list worker pool names, e.g. [gpu-pool]")
         return v
 
-    def props(self) -> dict[str, list[str]]:
-        """The WorkerReplacement input `pool_rules`: the lists set ({} without any)."""
-        return {k: list(v) for k, v in (("allow_rebalancing_off", self.allow_rebalancing_off),
-                                        ("allow_autoscaling", self.allow_autoscaling)) if v}
+    def props(self) -> dict[str, Any]:
+        """The WorkerReplacement input `pool_rules`: what differs from the defaults ({} when nothing does)."""
+        lists = {k: list(v) for k, v in (("allow_rebalancing_off", self.allow_rebalancing_off),
+                                         ("allow_autoscaling", self.allow_autoscaling)) if v}
+        return {**lists, **({"canary": self.canary} if self.canary != "once" else {})}
 
 
 class SharedBudget(Model):
@@ -226,6 +234,8 @@ class SharedBudget(Model):
     name: str
     max_unavailable: int = Field(ge=1)
     namespace: str = NAMESPACE  # rbac/gpu-migration.yaml creates it and grants the Lease there
+    # Seconds a stack's claim holds without a renewal (its `up` renews it every third of this while it runs).
+    claim_ttl: float = Field(default=600, ge=30, le=MAX_TIMEOUT)
 
     @field_validator("name")
     @classmethod
@@ -254,6 +264,9 @@ class Timeouts(Model):
     path_switch: float = Field(default=300, gt=0)
     evict: float = Field(default=1800, gt=0)  # cordon + evict a node's pods before its worker is replaced
     capacity_gate: float = Field(default=3600, gt=0)  # a batch waits this long for capacity (plan.gate_decision)
+    # A Helm release's install or upgrade, until all of its resources are ready (else `atomic` rolls it back): the GPU
+    # Operator's includes NFD's worker DaemonSet rolling over every node (components/charts.py helm_release).
+    helm: float = Field(default=7200, gt=0)
     poll_interval: float = Field(default=15, gt=0)
 
     @field_validator("*")

@@ -79,8 +79,10 @@ class _CapacityGateProvider(_Provider):
             held_back["locally"] = not decision.open
             if not shared:
                 return decision.open, decision, decision.state
-            # The shared budget after the stack's own: a batch claims room there only once it may go out here.
-            admission = shared_budget.try_admit(api, shared, p["index"], list(p["batch"]), decision.open)
+            # The shared budget after the stack's own: a batch claims room there only once it may go out here. The
+            # fleet's unavailable GPU nodes count there whichever stack (or nobody) took them out.
+            admission = shared_budget.try_admit(api, shared, p["index"], list(p["batch"]), decision.open, views,
+                                                p["selector"], p.get("kubeconfig"))
             return decision.open and admission.open, decision, f"{decision.state}; {admission.state}"
 
         try:

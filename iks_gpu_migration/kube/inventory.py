@@ -9,7 +9,7 @@ from kubernetes.client import ApiClient
 from pulumi.dynamic import Resource
 
 from ..common.versions import version_at_least
-from ..plan.gates import IKS_FLAVOR_LABEL, gpu_hints
+from ..plan.gates import IKS_FLAVOR_LABEL, IKS_POOL_LABEL, gpu_hints
 from .cluster import GPU_RESOURCE
 from . import permissions
 from .provider import CheckFailed, _bullets, _EveryUp
@@ -22,9 +22,6 @@ from .records import CONFIG_NAME_ANNOTATION
 
 
 IKS_WORKER_ID_LABEL = "ibm-cloud.kubernetes.io/worker-id"
-
-
-IKS_POOL_LABEL = "ibm-cloud.kubernetes.io/worker-pool-name"
 
 
 IKS_ZONE_LABEL = "ibm-cloud.kubernetes.io/zone"
@@ -155,7 +152,7 @@ def workers_of_other_entries(api: ApiClient, own: Optional[str]) -> dict[str, st
 class _GpuNodeInventoryProvider(_EveryUp):
     def run(self, api, p):
         # The first check of every `up`, before anything changes: the kubeconfig's identity holds the shipped role.
-        permissions.require(api, p.get("shared_budget_namespace"))
+        permissions.require(api, p.get("shared_budget_namespace"), p.get("permissions"))
         found = inventory(api, p["configured"], p["worker_ids"], p["operator_min_version"], p.get("temp_pool"),
                           seen=(p.get("_previous") or {}).get("seen"), worker_pools=p.get("worker_pools"))
         for w in found.warnings:
@@ -175,11 +172,13 @@ class GpuNodeInventory(Resource, module="gpu-migration", name="GpuNodeInventory"
     def __init__(self, name: str, kubeconfig: pulumi.Input[Optional[str]], configured: dict[str, str],
                  worker_ids: dict[str, str], operator_min_version: str, temp_pool: Optional[str] = None,
                  worker_pools: Optional[list[str]] = None, shared_budget_namespace: Optional[str] = None,
-                 opts: Optional[pulumi.ResourceOptions] = None):
+                 permissions_scope: Optional[dict] = None, opts: Optional[pulumi.ResourceOptions] = None):
         props = dict(kubeconfig=kubeconfig, configured=configured, worker_ids=worker_ids,
                      operator_min_version=operator_min_version, temp_pool=temp_pool, checked=None, seen=None)
         if worker_pools:  # only then: a single stack's inventory keeps its inputs
             props["worker_pools"] = list(worker_pools)
         if shared_budget_namespace:  # its Lease's Role is checked up front too
             props["shared_budget_namespace"] = shared_budget_namespace
+        if permissions_scope:  # what else the preflight checks: the smoke namespace's Role, the chart identity
+            props["permissions"] = permissions_scope
         super().__init__(_GpuNodeInventoryProvider(), name, props, opts)

@@ -8,22 +8,26 @@ optimistic concurrency: k8s.io/apiserver storage GuaranteedUpdate; client-go too
 LeaseLock.Update works the same way) and that gate reads again. Within one stack every dynamic resource runs in one
 provider process, so its own writes go one at a time (`_LOCK`) and conflicts only come from other stacks.
 
-The claims don't expire: a stack whose `up` stopped still has its batch out (cordoned, drained or replaced nodes), so
-its claim stays until its next `up` finishes that batch (the next gate or SharedBudgetRelease drops it), or until
-`python -m iks_gpu_migration.cli.budget --release <stack>` drops it by hand.
+A stack's provider process renews its claim every third of `claim_ttl` while it holds one (Heartbeat). A claim not
+renewed within `claim_ttl` (its `up` died) no longer counts: the nodes such a stack drained count anyway, as
+unavailable nodes (plan/shared_budget.py), and the nodes it claimed but never touched are in service. The next write
+drops it and warns, naming the stack. A stack's next `up` claims its batch again before its next drain.
 """
 import datetime
 import random
 import threading
 import time
-from typing import Any, Callable, Optional, TypeVar
+import uuid
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import pulumi
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from pulumi.dynamic import Resource
+from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider
 
+from ..common.waiting import Interrupted, interruptible_sleep
 from ..plan import shared_budget as decide
+from ..plan.gates import NodeView
 from .permissions import SHARED_BUDGET_ROLE
 from .clients import api_client
 from .provider import CheckFailed, _Provider, _short
@@ -32,6 +36,7 @@ from .refusals import PermissionDenied, status_message
 LEASE_PREFIX = "gpu-migration-budget-"
 CLAIMS_ANNOTATION = "migration.example.com/budget-claims"
 LIMIT_ANNOTATION = "migration.example.com/budget-limit"
+MEMBERS_ANNOTATION = "migration.example.com/budget-stacks"  # each stack's worker pools and configured GPU nodes
 CONFLICT_ATTEMPTS = 20  # writes refused because another stack wrote first; each read again at once
 _LOCK = threading.Lock()
 T = TypeVar("T")
@@ -53,30 +58,40 @@ class BudgetLease:
         self.lease_name = lease_name(name)
 
     def read(self) -> tuple[Optional[client.V1Lease], decide.Claims, Optional[int]]:
+        lease, claims, limit, _ = self.read_all()
+        return lease, claims, limit
+
+    def read_all(self) -> tuple[Optional[client.V1Lease], decide.Claims, Optional[int], decide.Members]:
+        """The Lease, its claims, its recorded limit and the stacks' members."""
         try:
             lease = self.api.read_namespaced_lease(self.lease_name, self.namespace)
         except ApiException as e:
             if e.status == 404:
-                return None, {}, None
+                return None, {}, None, {}
             raise
         annotations = lease.metadata.annotations or {}
         return (lease, decide.parse_claims(annotations.get(CLAIMS_ANNOTATION)),
-                decide.limit_from(annotations, LIMIT_ANNOTATION))
+                decide.limit_from(annotations, LIMIT_ANNOTATION),
+                decide.parse_members(annotations.get(MEMBERS_ANNOTATION)))
 
-    def change(self, holder: str, step: Callable[[decide.Claims, Optional[int]], tuple[T, decide.Claims, int]]) -> T:
-        """`step(claims, recorded limit)` -> (result, claims to write, limit to write); written only if it changed
-        anything, with the resourceVersion read (a conflict reads again)."""
+    def change(self, holder: str, step: Callable[[decide.Claims, Optional[int]], tuple[T, decide.Claims, int]],
+               members: Optional[Callable[[decide.Members], decide.Members]] = None) -> T:
+        """`step(claims, recorded limit)` -> (result, claims to write, limit to write), and `members(recorded)` the
+        stacks' members to write (default: unchanged); written only if it changed anything, with the
+        resourceVersion read (a conflict reads again)."""
         with _LOCK:
             for _ in range(CONFLICT_ATTEMPTS):
                 try:
-                    lease, claims, recorded = self.read()
+                    lease, claims, recorded, known = self.read_all()
                 except ApiException as e:
                     raise self._explained(e) from None
+                self.members = known  # what this attempt decided with (try_admit's step reads it)
                 result, new_claims, limit = step(claims, recorded)
-                if lease is not None and new_claims == claims and limit == recorded:
+                new_members = members(known) if members else known
+                if lease is not None and (new_claims, limit, new_members) == (claims, recorded, known):
                     return result
                 try:
-                    self._write(lease, holder, new_claims, limit)
+                    self._write(lease, holder, new_claims, limit, new_members)
                     return result
                 except ApiException as e:
                     if e.status != 409:
@@ -85,8 +100,10 @@ class BudgetLease:
         raise CheckFailed(f"the shared budget's Lease {self.namespace}/{self.lease_name} changed under every one of "
                           f"{CONFLICT_ATTEMPTS} writes; run `pulumi up` again")
 
-    def _write(self, lease: Optional[client.V1Lease], holder: str, claims: decide.Claims, limit: int) -> None:
-        annotations = {CLAIMS_ANNOTATION: decide.dump_claims(claims), LIMIT_ANNOTATION: str(limit)}
+    def _write(self, lease: Optional[client.V1Lease], holder: str, claims: decide.Claims, limit: int,
+               members: Optional[decide.Members] = None) -> None:
+        annotations = {CLAIMS_ANNOTATION: decide.dump_claims(claims), LIMIT_ANNOTATION: str(limit),
+                       **({MEMBERS_ANNOTATION: decide.dump_members(members)} if members else {})}
         spec = client.V1LeaseSpec(holder_identity=holder)  # the stack that changed it last
         if lease is None:
             body = client.V1Lease(metadata=client.V1ObjectMeta(
@@ -116,43 +133,169 @@ def settings_text(s: dict[str, Any]) -> str:
     return f"shared budget {s['name']!r} (Lease {s['namespace']}/{lease_name(s['name'])})"
 
 
-def try_admit(api, shared: dict[str, Any], index: int, batch: list[str], fits_locally: bool) -> decide.Admission:
-    """One attempt: claim the batch (if the stack's own budget lets it out too), and in the same write drop the
-    stack's previous claim (its batch is done)."""
+def claim_ttl(shared: dict[str, Any]) -> Optional[float]:
+    value = shared.get("claim_ttl")
+    return float(value) if value not in (None, "") else None
+
+
+def aliases(shared: dict[str, Any]) -> frozenset[str]:
+    """Older holder names of this stack (before holders carried the stack's own ID): its claims under them are its."""
+    return frozenset(filter(None, [shared.get("legacy_holder")])) - {shared["holder"]}
+
+
+def member(shared: dict[str, Any]) -> decide.Member:
+    """This stack in the fleet: its worker pools (none: every pool) and its configured GPU nodes."""
+    return decide.Member(tuple(sorted(shared.get("pools") or ())), int(shared.get("nodes") or 0))
+
+
+def try_admit(api, shared: dict[str, Any], index: int, batch: list[str], fits_locally: bool,
+              views: Optional[Sequence[NodeView]] = None, selector: str = "",
+              kubeconfig: Optional[str] = None) -> decide.Admission:
+    """One attempt: claim the batch (if the stack's own budget lets it out too) when the fleet leaves room for it,
+    and in the same write drop the stack's previous claim (its batch is done) and every expired claim, and record
+    this stack's member (pools, nodes). With `views` (every Node) and `selector` the fleet's nodes out are counted
+    from the cluster (plan/fleet_count.py); without, from the claims alone. Called by each gate and again right
+    before each drain (kube/drain_budget.py): a drain of a resumed stack whose claim is gone claims its batch again.
+    `kubeconfig`: the cluster of `api`, for the heartbeat that then keeps the claim."""
     holder, limit, name = shared["holder"], int(shared["max_unavailable"]), shared["name"]
+    own, lease = aliases(shared), BudgetLease(api, shared["namespace"], name)
+    mine = member(shared) if shared.get("nodes") else None
 
     def step(claims: decide.Claims, recorded: Optional[int]):
-        new_limit = decide.check_limit(recorded, limit, claims, holder, name)
-        admission = decide.admission(claims, new_limit, holder, index, tuple(batch), now(), name)
-        if not fits_locally:  # not out yet: only the previous claim goes
-            return admission, decide.released(claims, holder), new_limit
+        new_limit = decide.check_limit(recorded, limit, {h: c for h, c in claims.items() if h not in own}, holder,
+                                       name)
+        fleet = None if views is None else decide.Fleet(tuple(views), selector,
+                                                        decide.with_member(lease.members, holder, mine, own))
+        admission = decide.admission(claims, new_limit, holder, index, tuple(batch), now(), name, fleet,
+                                     claim_ttl(shared), own)
+        if not fits_locally:  # not out yet: only the previous claim goes (and the expired ones)
+            return admission, {h: c for h, c in admission.claims.items() if h != holder}, new_limit
         return admission, admission.claims, new_limit
 
     try:
-        return BudgetLease(api, shared["namespace"], name).change(holder, step)
+        admission = lease.change(holder, step, lambda known: decide.with_member(known, holder, mine, own)
+                                 if mine else known)
     except decide.SharedBudgetError as e:
         raise CheckFailed(str(e)) from None
+    warn_expired(shared, admission.expired)
+    if admission.open and fits_locally:
+        HEARTBEATS.keep(shared, kubeconfig)
+    return admission
 
 
-def release(api, shared: dict[str, Any]) -> bool:
-    """Drop the stack's claim; True if it held one."""
+_WARNED: set[tuple[str, str, str]] = set()
+
+
+def warn_expired(shared: dict[str, Any], expired: decide.Claims) -> None:
+    """Once per stack and claim: another stack's claim expired (its `up` stopped renewing it)."""
+    for holder, c in sorted(expired.items()):
+        key = (shared["name"], holder, c.since)
+        if key in _WARNED:
+            continue
+        _WARNED.add(key)
+        pulumi.log.warn(f"{settings_text(shared)}: the claim of stack {holder} ({c.describe(holder)}, last renewed "
+                        f"{c.heartbeat}) expired after {claim_ttl(shared):.0f}s without a renewal (its `pulumi up` is "
+                        f"not running): it no longer counts; the nodes that stack took out still count as "
+                        f"unavailable. Its next `up` claims its batch again")
+
+
+class Heartbeats:
+    """Renews this process's claims (one per shared budget and holder) every third of their `claim_ttl`, until the
+    claim is gone (released, or dropped by hand) or the process ends; each renewal is one Lease write."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[tuple[str, str, str]] = set()
+
+    def keep(self, shared: dict[str, Any], kubeconfig: Optional[str]) -> None:
+        ttl = claim_ttl(shared)
+        key = (shared["namespace"], shared["name"], shared["holder"])
+        if ttl is None:
+            return
+        with self._lock:
+            if key in self._running:
+                return
+            self._running.add(key)
+        threading.Thread(target=self._run, args=(key, shared, kubeconfig, ttl / 3), daemon=True,
+                         name=f"budget-heartbeat-{shared['name']}").start()
+
+    def _run(self, key: tuple[str, str, str], shared: dict[str, Any], kubeconfig: Optional[str],
+             every: float) -> None:
+        try:
+            while True:
+                interruptible_sleep(every)
+                if not renew(shared, kubeconfig):
+                    return
+        except Exception as e:  # noqa: BLE001 - a lost heartbeat lets the claim expire, which is safe; say so
+            if not isinstance(e, Interrupted):
+                pulumi.log.warn(f"{settings_text(shared)}: renewing the claim of {shared['holder']} failed "
+                                f"({_short(e)}); it expires after {claim_ttl(shared):.0f}s unless a gate or drain "
+                                f"of this stack writes it again")
+        finally:
+            with self._lock:
+                self._running.discard(key)
+
+
+HEARTBEATS = Heartbeats()
+
+
+def renew(shared: dict[str, Any], kubeconfig: Optional[str] = None) -> bool:
+    """One heartbeat: this stack's claim renewed now; False (and nothing written) when it holds none."""
     holder = shared["holder"]
 
     def step(claims: decide.Claims, recorded: Optional[int]):
-        return holder in claims, decide.released(claims, holder), recorded if recorded is not None else int(
+        return holder in claims, decide.renewed(claims, holder, now()), recorded if recorded is not None else int(
             shared["max_unavailable"])
 
-    try:
+    with api_client(kubeconfig) as api:
         return BudgetLease(api, shared["namespace"], shared["name"]).change(holder, step)
+
+
+def release(api, shared: dict[str, Any], leave: bool = False) -> bool:
+    """Drop the stack's claim (also under an older holder name); True if it held one. `leave`: its member too."""
+    holder, own = shared["holder"], {shared["holder"], *aliases(shared)}
+
+    def step(claims: decide.Claims, recorded: Optional[int]):
+        return bool(own & set(claims)), {h: c for h, c in claims.items() if h not in own}, \
+            recorded if recorded is not None else int(shared["max_unavailable"])
+
+    members = (lambda known: decide.with_member(known, holder, None, frozenset(own))) if leave else None
+    try:
+        return BudgetLease(api, shared["namespace"], shared["name"]).change(holder, step, members)
     except decide.SharedBudgetError as e:
         raise CheckFailed(str(e)) from None
 
 
 def timeout_advice(shared: dict[str, Any]) -> str:
-    return (f"The other stacks' batches hold {settings_text(shared)}: they release it when their batch is done. A "
-            f"stack whose `up` stopped keeps its batch out until its next `up` finishes the batch; if its nodes are "
-            f"back in service and no `up` of it runs, drop its claim with `python -m iks_gpu_migration.cli.budget "
-            f"--name {shared['name']} --release <stack>`")
+    ttl = claim_ttl(shared)
+    expiry = f"; a claim not renewed for {ttl:.0f}s (its `up` stopped) expires by itself" if ttl else ""
+    return (f"The fleet's unavailable GPU nodes and the other stacks' batches hold {settings_text(shared)}: a stack "
+            f"releases its claim when its batch is done{expiry}. Make unavailable GPU nodes available again (uncordon "
+            f"or repair them); to drop a stopped stack's claim at once, `python -m iks_gpu_migration.cli.budget --name "
+            f"{shared['name']} --release <stack>`")
+
+
+class _SharedBudgetHolderProvider(ResourceProvider):
+    """This stack's name in the shared budget's claims: org/project/stack (DIY backends call every organization
+    "organization", so two backends' stacks of one name would collide) and an ID drawn once, kept in the stack's
+    state for its life. Touches nothing."""
+    serialize_as_secret_always = False
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        holder = f"{props['base']}#{uuid.uuid4().hex[:8]}"
+        return CreateResult(id_=holder, outs={**props, "holder": holder})
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        renamed = olds.get("base") != news.get("base")
+        return DiffResult(changes=renamed, replaces=["base"] if renamed else [], delete_before_replace=False)
+
+
+class SharedBudgetHolder(Resource, module="gpu-migration", name="SharedBudgetHolder"):
+    """`holder`: this stack's unique name in a shared budget's claims."""
+    holder: pulumi.Output[str]
+
+    def __init__(self, name: str, base: str, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(_SharedBudgetHolderProvider(), name, {"base": base, "holder": None}, opts)
 
 
 class _SharedBudgetReleaseProvider(_Provider):
@@ -168,9 +311,10 @@ class _SharedBudgetReleaseProvider(_Provider):
         return {}
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
-        """A destroyed stack (or a plan that changed) takes its claim with it."""
+        """A destroyed stack (or a plan that changed) takes its claim with it, and its member (it no longer counts in
+        the fleet)."""
         with api_client(props.get("kubeconfig")) as api:
-            release(api, props["shared"])
+            release(api, props["shared"], leave=True)
 
 
 class SharedBudgetRelease(Resource, module="gpu-migration", name="SharedBudgetRelease"):

@@ -1,5 +1,6 @@
 """Gate decisions: may a batch start now, may a node of an admitted batch be drained now? Pure: a list of node
 views in, a decision naming what it counted out."""
+import functools
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -15,6 +16,9 @@ from typing import Iterable, Sequence
 IKS_GPU_LABEL = "ibm-cloud.kubernetes.io/gpu-enabled"
 OPERATOR_GPU_LABEL = "nvidia.com/gpu.present"
 IKS_FLAVOR_LABEL = "ibm-cloud.kubernetes.io/machine-type"
+# IKS labels every worker with its worker pool (IBM Cloud docs "Adding labels and taints to worker nodes"; read by the
+# inventory and by a shared budget's count of each stack's pools, plan/fleet_count.py).
+IKS_POOL_LABEL = "ibm-cloud.kubernetes.io/worker-pool-name"
 GPU_FLAVOR_PREFIXES = ("gx",)
 # Either label: IKS's holds before the operator, the operator's on any node it labelled.
 DEFAULT_GPU_NODE_SELECTOR = f"{IKS_GPU_LABEL}=true|{OPERATOR_GPU_LABEL}=true"
@@ -57,13 +61,18 @@ class NodeView:
         return ", ".join(w for w, bad in (("NotReady", not self.ready), ("cordoned", self.unschedulable)) if bad)
 
 
+@functools.lru_cache(maxsize=64)
+def _alternatives(selector: str) -> tuple[tuple[tuple[str, str], ...], ...]:
+    """The selector parsed once (a gate reads it for every Node at every poll): its non-empty alternatives."""
+    parsed = (tuple((k.strip(), v.strip()) for k, _, v in (t.partition("=") for t in a.split(",") if t.strip()))
+              for a in selector.split("|"))
+    return tuple(a for a in parsed if a)
+
+
 def selector_matches(selector: str, labels: dict) -> bool:
     """`key=value[,key=value]` alternatives separated by `|`: a node matches one alternative when every one of its
     terms matches."""
-    def matches(alternative: str) -> bool:
-        terms = [t.partition("=") for t in alternative.split(",") if t.strip()]
-        return bool(terms) and all(labels.get(k.strip()) == v.strip() for k, _, v in terms)
-    return any(matches(a) for a in selector.split("|"))
+    return any(all(labels.get(k) == v for k, v in terms) for terms in _alternatives(selector))
 
 
 @dataclass(frozen=True)
