@@ -11,16 +11,16 @@ import os
 import urllib.parse
 from typing import Any, Literal, Optional, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, ValidationInfo, field_validator
 
 from ..plan import DEFAULT_GPU_NODE_SELECTOR, parse_max_unavailable
 from . import sources
+from .base import NAMESPACE, Model  # noqa: F401 - NAMESPACE: other modules read it from here
+from .fleet import SharedBudget, TempGpuPool, WorkerPoolRules
 from .grammar import (DNS_SUBDOMAIN, MAX_TIMEOUT, MIN_POLL_INTERVAL, _EXACT_SEMVER, _KUBE_VERSION, _LABEL_VALUE,
-                      _OPERATOR_SWITCH_PREFIX, _RESERVED_LABEL_DOMAINS, _WORKER_ID, _is_number_type,
+                      _OPERATOR_SWITCH_PREFIX, _RESERVED_LABEL_DOMAINS, _WORKER_ID,
                       check_equality_selector, check_namespace, check_qualified_name, node_name_problems)
 
-NAMESPACE = "gpu-migration"
 Stage = Literal["ibm-managed", "device-plugin", "dra"]
 STAGES = get_args(Stage)
 MIN_MINOR = {"device-plugin": 36, "dra": 37}  # kube minor each stage needs
@@ -29,23 +29,6 @@ OPERATOR_MIN_VERSION = f"1.{MIN_MINOR['device-plugin']}"  # workers below it sti
 
 class ConfigError(ValueError):
     """Stack config is invalid; the message lists every bad key and value."""
-
-
-class Model(BaseModel):
-    # allow_inf_nan=False: "inf" or "nan" is never a meaningful timeout, count or interval.
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True,
-                              allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_number(cls, v: Any, info: ValidationInfo) -> Any:
-        # Pydantic's lax mode reads true as 1; for every number field (also ones added later) that hides a typo.
-        if isinstance(v, bool) and _is_number_type(cls.model_fields[info.field_name].annotation):
-            raise ValueError(f"a boolean ({str(v).lower()}) where a number belongs")
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and info.field_name.endswith("version"):
-            raise ValueError(f"{v!r} is a number: YAML reads an unquoted version as one (25.10 as 25.1, 1.30 as 1.3); "
-                             f"quote it as you mean it, e.g. \"25.10\"")
-        return v
 
 
 class Node(Model):
@@ -188,67 +171,6 @@ class IbmCloud(Model):
         """Config key -> the host it points at."""
         return {"endpoint": urllib.parse.urlsplit(self.endpoint).hostname or "",
                 "iamEndpoint": urllib.parse.urlsplit(self.iam_endpoint).hostname or ""}
-
-
-class TempGpuPool(Model):
-    enabled: bool = False
-    name: str = "gpu-migration-temp"
-    flavor: str = ""
-    zone: str = ""
-    vpc_id: str = ""
-    subnet_id: str = ""
-    size_per_zone: int = Field(default=1, ge=1)
-
-
-class WorkerPoolRules(Model):
-    """IKS worker pools whose workers are replaced although the pool breaks a rule (plan/iks_rules.py): names or IDs
-    as `ibmcloud ks worker-pool ls` prints them."""
-    # Automatic rebalancing off: IKS creates no replacement worker (auto-rebalance-off.md); you add it yourself.
-    allow_rebalancing_off: list[str] = []
-    # Managed by the cluster autoscaler (autoscaleEnabled, or enabled in kube-system/iks-ca-configmap).
-    allow_autoscaling: list[str] = []
-    # Which replacement proves a pool and zone can bring a worker back before others there go (iks/pool_rules.py):
-    # the run's first (once) or each batch's first (everyBatch: a stock-out later in the run costs one node, not the
-    # pool and zone's replacements then in flight; each batch waits one more replacement time per pool and zone).
-    canary: Literal["once", "everyBatch"] = "once"
-
-    @field_validator("allow_rebalancing_off", "allow_autoscaling")
-    @classmethod
-    def _names(cls, v: list[str]) -> list[str]:
-        blank = [i for i, name in enumerate(v) if not name.strip()]
-        if blank:
-            raise ValueError(f"entry {blank[0]} is empty: list worker pool names, e.g. [gpu-pool]")
-        return v
-
-    def props(self) -> dict[str, Any]:
-        """The WorkerReplacement input `pool_rules`: what differs from the defaults ({} when nothing does)."""
-        lists = {k: list(v) for k, v in (("allow_rebalancing_off", self.allow_rebalancing_off),
-                                         ("allow_autoscaling", self.allow_autoscaling)) if v}
-        return {**lists, **({"canary": self.canary} if self.canary != "once" else {})}
-
-
-class SharedBudget(Model):
-    """A capacity budget shared by every stack that migrates GPU nodes of the cluster (plan/shared_budget.py): their
-    batches together never have more than `maxUnavailable` nodes out. Every such stack sets the same `name` and
-    `maxUnavailable`; the claims live in the Lease gpu-migration-budget-<name> of `namespace`."""
-    name: str
-    max_unavailable: int = Field(ge=1)
-    namespace: str = NAMESPACE  # rbac/gpu-migration.yaml creates it and grants the Lease there
-    # Seconds a stack's claim holds without a renewal (its `up` renews it every third of this while it runs).
-    claim_ttl: float = Field(default=600, ge=30, le=MAX_TIMEOUT)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if len(v) > 40 or not DNS_SUBDOMAIN.match(v) or "." in v:
-            raise ValueError(f"shared budget name {v!r} is not a DNS label of <= 40 chars (lowercase alphanumerics "
-                             f"and '-'), e.g. gpu-fleet")
-        return v
-
-    @field_validator("namespace")
-    @classmethod
-    def _namespace(cls, v: str) -> str:
-        return check_namespace(v)
 
 
 class Timeouts(Model):

@@ -28,7 +28,7 @@ def test_a_batch_of_eight_moves_its_eight_nodes_at_once(project):
     `up` with it sends all 8 replaceWorker requests (each after its node's drain) within one provisioning delay, and
     the batch ends about one delay after the first: the 8 provider operations waited together, not in two rounds."""
     # Each node in a pool of its own: each replacement is its pool and zone's canary, so none waits for another's new
-    # worker (one pool and zone's canary: tests/test_iks_rules.py, tests/real/test_stock_out.py).
+    # worker (one pool and zone's canary: tests/test_canary.py, tests/real/test_stock_out.py).
     pools = {name: f"gpu-{i}" for i, name in enumerate(NODES)}
     with LocalCluster() as cluster, local_iks(cluster, NODES, pools=pools) as iks:
         iks.requests = TimedLog()
