@@ -33,17 +33,22 @@ def test_daemonset_pods_are_skipped_only_while_their_daemonset_exists():
             PodView("op", "old-b", controller=("DaemonSet", "removed"), controller_api="apps/v1")]
     got, listed = actions(pods, {("op", "plugin")})
     assert got == {"plugin-a": "skip", "old-b": "refuse"}
-    assert "its DaemonSet removed no longer exists" in listed.refusal("n1")
+    assert "no apps/v1 DaemonSet removed exists, so nothing known re-creates it" in listed.refusal("n1")
     assert actions(pods, {("op", "plugin")}, force=True)[0]["old-b"] == "evict"
     # A DaemonSet of the same name in another namespace is not its controller.
     assert actions(pods[:1], {("other", "plugin")})[0]["plugin-a"] == "refuse"
 
 
-def test_another_api_groups_daemonset_is_an_ordinary_controller():
-    """kubectl's isControllerRefDaemonSet (filters.go) wants kind DaemonSet *and* apiVersion apps/v1: e.g. an
-    OpenKruise DaemonSet's pod is evicted like a ReplicaSet's, not looked up (and refused) as an apps/v1 one."""
+def test_another_api_groups_daemonset_is_looked_up_as_kubectl_does():
+    """Issue 37 §3: kubectl's daemonSetFilter (k8s.io/kubectl pkg/drain/filters.go) checks the controller's Kind only
+    and then gets the apps/v1 DaemonSet of that name: an OpenKruise DaemonSet's pod is skipped when one of its name
+    exists, refused otherwise (kubectl fails on it), evicted with force; never evicted like a ReplicaSet's."""
     kruise = PodView("op", "agent", controller=("DaemonSet", "agent"), controller_api="apps.kruise.io/v1alpha1")
-    assert actions([kruise])[0] == {"agent": "evict"}
+    got, listed = actions([kruise])
+    assert got == {"agent": "refuse"}
+    assert "no apps/v1 DaemonSet agent exists (its controller is apps.kruise.io/v1alpha1" in listed.refusal("n1")
+    assert actions([kruise], {("op", "agent")})[0] == {"agent": "skip"}
+    assert actions([kruise], force=True)[0] == {"agent": "evict"}
 
 
 def test_mirror_pods_are_skipped_finished_pods_deleted_terminating_pods_awaited_not_evicted_again():

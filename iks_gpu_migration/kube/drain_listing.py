@@ -55,8 +55,7 @@ def _daemonsets(api, pods: list[PodView]) -> set[tuple[str, str]]:
     plain JSON (cluster.raw_items): only their names are read, and a batch's drains read the GPU Operator's large
     DaemonSets at once."""
     apps, found = client.AppsV1Api(api), set()
-    for ns in sorted({p.namespace for p in pods if (p.controller or ("",))[0] == "DaemonSet"
-                      and p.controller_api == "apps/v1"}):
+    for ns in sorted({p.namespace for p in pods if (p.controller or ("",))[0] == "DaemonSet"}):
         found |= {(ns, d["metadata"]["name"]) for d in raw_items(apps.list_namespaced_daemon_set(
             ns, _preload_content=False))}
     return found

@@ -90,13 +90,18 @@ def _verdict(pod: PodView, daemonsets: set[tuple[str, str]], opts: DrainOptions)
     if pod.finished:
         return Verdict(pod, "delete", f"finished ({pod.phase})")
     kind, owner = pod.controller or ("", "")
-    if kind == "DaemonSet" and pod.controller_api == "apps/v1":  # filters.go isControllerRefDaemonSet
+    # kubectl's daemonSetFilter (k8s.io/kubectl pkg/drain/filters.go) looks at the controller's Kind only, then gets
+    # the apps/v1 DaemonSet of that name in the pod's namespace: another group's DaemonSet (OpenKruise's) is looked
+    # up the same way, and refused unless --force when no apps/v1 one of its name exists.
+    if kind == "DaemonSet":
         if (pod.namespace, owner) in daemonsets:
             return Verdict(pod, "skip", f"DaemonSet {owner} keeps it on the node")
+        other = f" (its controller is {pod.controller_api}, which kubectl drain does not know either)" \
+            if pod.controller_api and pod.controller_api != "apps/v1" else ""
         if not opts.force:
-            return Verdict(pod, "refuse", f"its DaemonSet {owner} no longer exists, so nothing re-creates it "
-                                          f"(drain.force: true evicts it)")
-        return _go(pod, f"orphan of the deleted DaemonSet {owner} (drain.force)")
+            return Verdict(pod, "refuse", f"no apps/v1 DaemonSet {owner} exists{other}, so nothing known re-creates "
+                                          f"it (drain.force: true evicts it)")
+        return _go(pod, f"orphan of the DaemonSet {owner}, which does not exist{other} (drain.force)")
     if pod.empty_dirs and not opts.delete_empty_dir_data:
         return Verdict(pod, "refuse", f"emptyDir volume {', '.join(pod.empty_dirs)} would lose its data "
                                       f"(drain.deleteEmptyDirData: true accepts that)")
