@@ -95,7 +95,7 @@ class IksEmulator:
         self.worker_versions = {"1.35": "1.35.4_1541", "1.36": "1.36.1_1531", "1.37": "1.37.0_1499"}
         self.cluster = {
             "id": f"{cluster}-id", "name": cluster, "masterKubeVersion": master_version,
-            "targetVersion": master_version, "state": "normal",
+            "targetVersion": master_version, "state": "normal", "provider": "vpc-gen2", "type": "kubernetes",
             "lifecycle": {"masterStatus": "Ready", "masterState": "deployed", "masterHealth": "normal"},
         }
         self.workers: dict[str, dict] = {}

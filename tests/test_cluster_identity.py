@@ -66,3 +66,30 @@ def test_check_against_the_api_server_and_the_iks_emulator(kube, kubeconfig, emu
     assert f"the kubeconfig's cluster (context local, server {server}) is not IKS cluster gpu-cluster" in message
     assert f"node {stray} (worker kube-othercluster-gpu-00000001) is not among the 2 workers" in message
     assert {m for m, _ in emu.requests} <= {"GET", "POST"} and emu.count("POST", "/v2/vpc/replaceWorker") == 0
+
+
+@pytest.mark.parametrize("kind, named", [
+    ({"provider": "classic"}, "its provider is 'classic' (classic infrastructure: workers are replaced with POST "
+                              "/v2/replaceWorker"),
+    ({"provider": "vpc-classic"}, "its provider is 'vpc-classic' (not on VPC Gen 2)"),
+    ({"type": "openshift"}, "it is a Red Hat OpenShift on IBM Cloud cluster"),
+    ({"masterKubeVersion": "4.17.10_1540_openshift"}, "its GPU Operator comes through OLM"),
+])
+def test_a_classic_or_openshift_cluster_is_refused_before_anything(kube, kubeconfig, emu, kind, named):
+    """Issue 37 §4: clusters the program can't serve are refused in the identity check, which every change waits
+    for, naming what differs; nothing is read beyond the cluster and nothing changes."""
+    emu.cluster.update(kind)
+    props = {"cluster": "gpu-cluster", "kubeconfig": kubeconfig, "api": emu.api()}
+    with pytest.raises(ClusterMismatch) as refused:
+        ClusterIdentityProvider().create(props)
+    assert named in str(refused.value) and str(refused.value).endswith("Nothing was changed")
+    assert "IKS cluster gpu-cluster (gpu-migration:clusterName) is not a cluster this program can migrate" in \
+        str(refused.value)
+    assert emu.count("GET", "/v2/vpc/getWorkers") == 0 and {m for m, _ in emu.requests} <= {"GET", "POST"}
+
+
+def test_a_vpc_gen2_kubernetes_cluster_and_one_whose_answer_lacks_the_fields_pass():
+    from iks_gpu_migration.plan.iks_rules import cluster_kind_refusal
+    assert cluster_kind_refusal("c", {"provider": "vpc-gen2", "type": "kubernetes",
+                                      "masterKubeVersion": "1.37.0_1501"}) is None
+    assert cluster_kind_refusal("c", {"masterKubeVersion": "1.37.0_1501"}) is None

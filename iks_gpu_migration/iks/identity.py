@@ -6,6 +6,8 @@ Nothing else ties the two: the program sends Kubernetes changes through the kube
 replaces this one's workers. IKS labels every worker's node with its worker ID (ibm-cloud.kubernetes.io/worker-id,
 read back by IBM-Cloud/cloud-provider-ibm ibm/ibm_metadata_service.go), so the GPU nodes' IDs must be among
 getWorkers(clusterName); with no GPU node carrying one (every GPU worker mid-replacement), the other workers' nodes.
+First of all, the cluster must be IKS on VPC Gen 2 (not classic infrastructure, not Red Hat OpenShift):
+plan/iks_rules.py cluster_kind_refusal.
 """
 from typing import Any, Optional
 
@@ -13,6 +15,7 @@ import pulumi
 import pulumi.dynamic as dyn
 
 from ..kube.inventory import IKS_WORKER_ID_LABEL, is_gpu_node
+from ..plan.iks_rules import cluster_kind_refusal
 from .provider import _IksProvider, _public
 
 SHOWN = 3  # mismatching nodes named in the error
@@ -76,8 +79,12 @@ class ClusterIdentityProvider(_IksProvider):
             nodes = [(n.metadata.name, (n.metadata.labels or {}).get(IKS_WORKER_ID_LABEL, ""), is_gpu_node(n))
                      for n in client.CoreV1Api(api).list_node().items]
             target = kubeconfig_target(kubeconfig, api.configuration.host)
+        iks = self.client(props)
+        refusal = cluster_kind_refusal(cluster, iks.get_cluster(cluster))  # classic, OpenShift: before anything
+        if refusal:
+            raise ClusterMismatch(refusal)
         # Workers after nodes: a worker that joined in between is listed by IKS before its node registers.
-        workers = {w["id"] for w in self.client(props).list_workers(cluster, show_deleted=True)}
+        workers = {w["id"] for w in iks.list_workers(cluster, show_deleted=True)}
         problem = mismatch(nodes, workers, cluster, target)
         if problem:
             raise ClusterMismatch(problem)

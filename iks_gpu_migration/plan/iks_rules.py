@@ -139,3 +139,30 @@ def pool_refusal(cluster: str, worker_id: str, pool: Mapping, zone: str, rules: 
     if not problems:
         return None
     return f"worker {worker_id} of cluster {cluster} was not replaced (nothing was drained): " + "; ".join(problems)
+
+
+# What getCluster says of the cluster's kind (IBM-Cloud/bluemix-go api/container/containerv2/clusters.go ClusterInfo
+# `provider`, `type`; providers "vpc-gen2", "vpc-classic", "satellite", and "classic" for classic infrastructure;
+# containerv1/clusters.go tells a Red Hat OpenShift cluster by `type == "openshift"`, whose masterKubeVersion also
+# ends in "_openshift"). The program is written for IKS on VPC Gen 2 only.
+SUPPORTED_PROVIDER = "vpc-gen2"
+
+
+def cluster_kind_refusal(cluster: str, info: Mapping) -> Optional[str]:
+    """None if IKS cluster `cluster` (its getCluster JSON) is one the program can migrate, else what differs and
+    that nothing was changed. A field IKS leaves out is not held against the cluster."""
+    problems = []
+    if info.get("type") == "openshift" or str(info.get("masterKubeVersion") or "").endswith("_openshift"):
+        problems.append("it is a Red Hat OpenShift on IBM Cloud cluster: its workers may be at most one minor "
+                        "version behind the master, its GPU Operator comes through OLM (not this program's Helm "
+                        "release), and bare-metal workers are reloaded, not replaced")
+    provider = info.get("provider")
+    if provider and provider != SUPPORTED_PROVIDER:
+        what = {"classic": "classic infrastructure: workers are replaced with POST /v2/replaceWorker and rebuilt "
+                           "without a worker pool's VPC rebalancing"}.get(provider, "not on VPC Gen 2")
+        problems.append(f"its provider is {provider!r} ({what}); the program replaces workers the IKS VPC way "
+                        f"(/v2/vpc/replaceWorker, pool rebalancing) and only on {SUPPORTED_PROVIDER!r}")
+    if not problems:
+        return None
+    return (f"IKS cluster {cluster} (gpu-migration:clusterName) is not a cluster this program can migrate: "
+            f"{'; '.join(problems)}. Nothing was changed")
