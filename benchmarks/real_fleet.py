@@ -2,7 +2,12 @@
 dynamic-provider host, the local Kubernetes 1.37 control plane and the IKS emulator, every new worker deploying T
 seconds after its replaceWorker.
 
-    venv/bin/python benchmarks/real_fleet.py [--gzip] N:k:T [N:k:T ...]   # e.g. 50:10:60 200:50:60; appends to real_fleet.json
+    venv/bin/python benchmarks/real_fleet.py [--gzip] N:k:T[:G] [...]  # e.g. 50:10:60 20:10:30:20; to real_fleet.json
+
+G (default 1): the GPU nodes spread round-robin over G worker pools (pool and zone groups). In each group the run's
+first replacement is the canary (iks/pool_rules.py): the others there wait until its new worker is Ready, so a group
+with more than one node in the first batch adds one replacement time T to the run (`limit_with_canary_s`); G = N
+(every node a pool of its own) measures the run without that wait, and the two rows together the canary's cost.
 
 The cluster has, as IKS clusters do, a `default` worker pool of CPU workers (DEFAULT_POOL) beside the GPU pool: the
 GPU Operator's controllers prefer it (components/charts.py OPERATOR_DEFAULTS), so no batch drains them.
@@ -132,9 +137,11 @@ def add_default_pool(iks) -> None:
         worker["networkInterfaces"][0]["ipAddress"] = f"10.242.0.{i + 1}"
 
 
-def run(n: int, k: int, t: float, gzip: bool = False) -> dict:
+def run(n: int, k: int, t: float, gzip: bool = False, groups: int = 1) -> dict:
     names = {f"10.241.{i // 250}.{i % 250 + 1}": f"kube-local0001-gpu-{i + 1:08d}" for i in range(n)}
-    with tempfile.TemporaryDirectory() as tmp, LocalCluster() as cluster, local_iks(cluster, names) as iks:
+    pools = {name: f"gpu-{i % groups}" if groups > 1 else "gpu" for i, name in enumerate(names)}
+    with tempfile.TemporaryDirectory() as tmp, LocalCluster() as cluster, \
+            local_iks(cluster, names, pools=pools) as iks:
         add_default_pool(iks)
         iks.ip_of = lambda i: f"10.250.{i // 250}.{i % 250 + 2}"  # unique for any fleet
         iks.requests, iks.provision_seconds = TimedLog(), t
@@ -158,10 +165,13 @@ def run(n: int, k: int, t: float, gzip: bool = False) -> dict:
         deployment = stack.export_stack().deployment
         state = sum(p.stat().st_size for p in (pathlib.Path(tmp) / "backend").rglob(STATE_FILE + (".gz" * gzip)))
     limit = math.ceil(n / k) * t
+    first_batch = list(names)[:k]
+    canary_waits = any(sum(pools[m] == pools[name] for m in first_batch) > 1 for name in first_batch)
     wall = ended - starts[0]
     return {"nodes": n, "max_unavailable": k, "cpu_workers": DEFAULT_POOL[2], "replace_seconds": t, "parallel": rollout.parallel_needed(k),
             "up_wall_s": round(ended - started, 1), "from_first_replace_s": round(wall, 1), "limit_s": limit,
             "over_limit_pct": round(100 * (wall - limit) / limit, 1), "most_in_flight": overlap(starts, t),
+            "pool_zone_groups": groups, "limit_with_canary_s": limit + t * canary_waits,
             "backend_gzip": gzip, "backend_bytes_written": written.bytes,
             "backend_saves": written.by_name.get(STATE_FILE + (".gz" * gzip), 0),
             "backend_files_written": sum(written.by_name.values()),
@@ -173,8 +183,9 @@ def run(n: int, k: int, t: float, gzip: bool = False) -> dict:
 def main() -> int:
     gzip = "--gzip" in sys.argv[1:]
     runs = [tuple(float(x) for x in a.split(":")) for a in sys.argv[1:] if a != "--gzip"] or [(50, 10, 60.0)]
-    for n, k, t in runs:
-        record(ROOT / "benchmarks" / "real_fleet.json", lambda: run(int(n), int(k), t, gzip))
+    for n, k, t, *g in runs:
+        groups = int(g[0]) if g else 1
+        record(ROOT / "benchmarks" / "real_fleet.json", lambda: run(int(n), int(k), t, gzip, groups))
     return 0
 
 
