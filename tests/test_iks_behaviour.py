@@ -374,3 +374,15 @@ def test_a_worker_that_failed_before_its_replacement_is_named_not_replaced(emu):
     message = str(raised.value)
     assert f"worker {worker['id']} of cluster gpu-cluster is reloading_failed: IKS says: Reload failed" in message
     assert "the replacement of" not in message and emu.count(*REPLACE) == 0
+
+
+def test_the_master_is_described_without_calling_its_current_version_a_target():
+    """Issue 39 §4: `master 1.35.4_1540 (target 1.35.4_1540)` read as if the program aimed at the version it leaves.
+    IKS's targetVersion shows only while it differs, named as IKS's."""
+    from iks_gpu_migration.iks.master import describe_master
+    life = {"masterState": "deployed", "masterHealth": "normal", "masterStatus": "Ready"}
+    at_rest = describe_master({"masterKubeVersion": "1.35.4_1540", "targetVersion": "1.35.4_1540", "lifecycle": life})
+    assert at_rest == "master 1.35.4_1540 deployed/normal (Ready)"
+    updating = describe_master({"masterKubeVersion": "1.35.4_1540", "targetVersion": "1.36.1_1530",
+                                "lifecycle": {**life, "masterState": "updating"}})
+    assert updating == "master 1.35.4_1540 (IKS targetVersion 1.36.1_1530) updating/normal (Ready)"

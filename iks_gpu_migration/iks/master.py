@@ -31,8 +31,11 @@ def master_rests(info: dict) -> bool:
 
 
 def describe_master(info: dict) -> str:
-    life = info.get("lifecycle") or {}
-    return (f"master {info.get('masterKubeVersion')} (target {info.get('targetVersion')}) "
+    """The master as IKS reports it. IKS's own targetVersion (what an update under way goes to; the current version
+    at rest) is named only when it differs, and as IKS's: it is not the program's target (kubeVersion)."""
+    life, current, going = info.get("lifecycle") or {}, info.get("masterKubeVersion"), info.get("targetVersion")
+    towards = f" (IKS targetVersion {going})" if going and going != current else ""
+    return (f"master {current}{towards} "
             f"{life.get('masterState')}/{life.get('masterHealth')} ({life.get('masterStatus')})")
 
 
