@@ -314,3 +314,17 @@ def test_the_heartbeat_renews_a_claim_until_it_is_released(kube):
             time.sleep(0.05)
         assert not beats._running  # no claim left: the heartbeat ended (it never writes one back)
     assert read(kube) == {}
+
+
+def test_a_stack_of_every_pool_takes_the_pools_no_other_stack_names_and_always_counts_its_batch():
+    """A stack without workerPools (a member of every pool) must not count the other stacks' available nodes as its
+    own, which would hide its batch: it takes the pools nobody names, and its batch counts as out in any case."""
+    views = [view(f"a{i}", "gpu-a") for i in range(10)] + [view(f"b{i}", "gpu-b") for i in range(90)]
+    f = Fleet(tuple(views), "nvidia.com/gpu.present=true",
+              {A: Member((), 10), B: Member(("gpu-b",), 90)})
+    held = decide.admission({}, 2, A, 1, ("a0", "a1", "a2"), NOW, "fleet", f)
+    assert not held.open and held.state.startswith("shared budget 'fleet': 3 of 2 node(s) out"), held.state
+    # Even when its member's pools would show enough available nodes, the batch counts.
+    extra = views + [view(f"spare{i}", "spare") for i in range(5)]
+    f = Fleet(tuple(extra), "nvidia.com/gpu.present=true", {A: Member((), 10), B: Member(("gpu-b",), 90)})
+    assert not decide.admission({}, 2, A, 1, ("a0", "a1", "a2"), NOW, "fleet", f).open

@@ -11,7 +11,7 @@ of pools no stack recorded. The batch asking counts as out whether its nodes wen
 Pure: Node views, the members and the claimed names in, a count and what it is made of out.
 """
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Sequence
 
 from .gates import IKS_POOL_LABEL, NodeView, selector_matches
 
@@ -20,12 +20,16 @@ SHOWN = 5
 
 @dataclass(frozen=True)
 class Member:
-    """A stack of the fleet: its worker pools (() = every pool of the cluster) and its configured GPU nodes."""
+    """A stack of the fleet: its worker pools (() = every pool no other member names) and its configured GPU
+    nodes."""
     pools: tuple[str, ...]
     nodes: int
 
-    def holds(self, view: NodeView) -> bool:
-        return not self.pools or view.labels.get(IKS_POOL_LABEL, "") in self.pools
+    def holds(self, view: NodeView, named: frozenset[str]) -> bool:
+        """Is `view` in this member's pools? `named`: the pools any member names (a member of every pool takes the
+        rest, so no node counts for two stacks)."""
+        pool = view.labels.get(IKS_POOL_LABEL, "")
+        return pool in self.pools if self.pools else pool not in named
 
 
 Members = dict[str, Member]  # holder -> member
@@ -59,17 +63,20 @@ def fleet_out(fleet: Fleet, batch: Sequence[str], pending: Iterable[str] = (), a
     outside the batch; the `pending` nodes (other stacks' live claims) still available, not yet out; the unavailable
     GPU nodes of pools no member holds. A stack `asking` that is no member counts its batch as itself."""
     gpu = [v for v in fleet.views if selector_matches(fleet.selector, v.labels)]
+    named = frozenset(p for m in fleet.members.values() for p in m.pools)
     count, parts = 0 if asking in fleet.members else len(batch), []
     for holder, member in sorted(fleet.members.items()):
-        up = sum(1 for v in gpu if member.holds(v) and v.available and not v.member_of(batch))
+        up = sum(1 for v in gpu if member.holds(v, named) and v.available and not v.member_of(batch))
         out = max(0, member.nodes - up)
+        if holder == asking:  # its batch is out by admission, whatever its pools hold besides
+            out = max(out, len(batch))
         count += out
         if out:
             parts.append(f"{holder}: {out} of its {member.nodes} node(s)")
     claimed = set(pending) - set(batch)
     waiting = sorted(v.name for v in gpu if v.available and (v.name in claimed or v.config_name in claimed)
                      and not v.member_of(batch))
-    loose = sorted(v.name for v in gpu if not any(m.holds(v) for m in fleet.members.values())
+    loose = sorted(v.name for v in gpu if not any(m.holds(v, named) for m in fleet.members.values())
                    and not v.available and not v.member_of(batch))
     if waiting:
         parts.append(f"claimed by other stacks, not out yet: {_named(waiting)}")
@@ -77,6 +84,3 @@ def fleet_out(fleet: Fleet, batch: Sequence[str], pending: Iterable[str] = (), a
         parts.append(f"unavailable in pools of no stack: {_named(loose)}")
     return FleetOut(count + len(waiting) + len(loose), tuple(parts))
 
-
-def member_for(pools: Optional[Sequence[str]], nodes: int) -> Member:
-    return Member(tuple(sorted(pools or ())), int(nodes))
