@@ -142,8 +142,10 @@ def refresh_and_preview(env, stack, released: dict) -> None:
     # Each node's rollback check, readiness, operand placement and pending GPU pods are now steps of its path switch
     # (kube/switch.py): those resources go, and the switch, whose checks ran as them, stays as it is.
     # The operator's release gains placement preferences for its controllers (components/charts.py
-    # OPERATOR_DEFAULTS: away from the GPU nodes a batch drains): an in-place Helm upgrade.
+    # OPERATOR_DEFAULTS: away from the GPU nodes a batch drains): an in-place Helm upgrade. Both releases gain Helm's
+    # wait of timeouts.helm (7200 s, was the provider's 300 s): an in-place upgrade with the same chart and values.
     upgraded = {f"smoke-{A}": "+-", f"{A}-smoke-verification": "+-", "smoke-namespace": "~", "gpu-operator": "~",
+                "dra-driver": "~",
                 f"{B}-rollback": "-",
                 **{f"{n}-{check}": "-" for n in (A, B)
                    for check in ("operator-ready", "operand-placement", "pending-gpu-pods")}}
