@@ -76,18 +76,17 @@ class BudgetLease:
 
     def change(self, holder: str, step: Callable[[decide.Claims, Optional[int]], tuple[T, decide.Claims, int]],
                members: Optional[Callable[[decide.Members], decide.Members]] = None) -> T:
-        """`step(claims, recorded limit)` -> (result, claims to write, limit to write), and `members(recorded)` the
-        stacks' members to write (default: unchanged); written only if it changed anything, with the
-        resourceVersion read (a conflict reads again)."""
+        """`members(recorded)` -> the stacks' members to write (default: unchanged), called first, then
+        `step(claims, recorded limit)` -> (result, claims to write, limit to write); written only if it changed
+        anything, with the resourceVersion read (a conflict reads again)."""
         with _LOCK:
             for _ in range(CONFLICT_ATTEMPTS):
                 try:
                     lease, claims, recorded, known = self.read_all()
                 except ApiException as e:
                     raise self._explained(e) from None
-                self.members = known  # what this attempt decided with (try_admit's step reads it)
-                result, new_claims, limit = step(claims, recorded)
                 new_members = members(known) if members else known
+                result, new_claims, limit = step(claims, recorded)
                 if lease is not None and (new_claims, limit, new_members) == (claims, recorded, known):
                     return result
                 try:
@@ -158,14 +157,17 @@ def try_admit(api, shared: dict[str, Any], index: int, batch: list[str], fits_lo
     before each drain (kube/drain_budget.py): a drain of a resumed stack whose claim is gone claims its batch again.
     `kubeconfig`: the cluster of `api`, for the heartbeat that then keeps the claim."""
     holder, limit, name = shared["holder"], int(shared["max_unavailable"]), shared["name"]
-    own, lease = aliases(shared), BudgetLease(api, shared["namespace"], name)
-    mine = member(shared) if shared.get("nodes") else None
+    own, mine = aliases(shared), member(shared) if shared.get("nodes") else None
+    members: list[decide.Members] = [{}]  # this attempt's members, as written (BudgetLease.change calls it first)
+
+    def with_mine(known: decide.Members) -> decide.Members:
+        members[0] = decide.with_member(known, holder, mine, own) if mine else known
+        return members[0]
 
     def step(claims: decide.Claims, recorded: Optional[int]):
         new_limit = decide.check_limit(recorded, limit, {h: c for h, c in claims.items() if h not in own}, holder,
                                        name)
-        fleet = None if views is None else decide.Fleet(tuple(views), selector,
-                                                        decide.with_member(lease.members, holder, mine, own))
+        fleet = None if views is None else decide.Fleet(tuple(views), selector, members[0])
         admission = decide.admission(claims, new_limit, holder, index, tuple(batch), now(), name, fleet,
                                      claim_ttl(shared), own)
         if not fits_locally:  # not out yet: only the previous claim goes (and the expired ones)
@@ -173,8 +175,7 @@ def try_admit(api, shared: dict[str, Any], index: int, batch: list[str], fits_lo
         return admission, admission.claims, new_limit
 
     try:
-        admission = lease.change(holder, step, lambda known: decide.with_member(known, holder, mine, own)
-                                 if mine else known)
+        admission = BudgetLease(api, shared["namespace"], name).change(holder, step, with_mine)
     except decide.SharedBudgetError as e:
         raise CheckFailed(str(e)) from None
     warn_expired(shared, admission.expired)

@@ -104,7 +104,6 @@ class Admission:
     open: bool
     claims: Claims  # what to write: own previous claim gone, expired ones gone; the batch's claim added when open
     state: str
-    held_by_others: int
     expired: Claims = field(default_factory=dict)  # other stacks' claims that were not renewed in time (dropped)
 
 
@@ -153,18 +152,12 @@ def admission(claims: Claims, limit: int, holder: str, index: int, batch: tuple[
         write[holder] = previous  # the batch under way keeps its room while a drain of it waits
     who = f"; claims of other stacks: {describe_others(fresh, holder)}" if fresh else ""
     state = (f"shared budget {name!r}: {out} of {limit} node(s) out with this batch of {len(batch)}{detail}{who}")
-    return Admission(fits, write, state, held(fresh), expired)
+    return Admission(fits, write, state, expired)
 
 
 def renewed(claims: Claims, holder: str, now: str) -> Claims:
     """The heartbeat: `holder`'s claim renewed at `now` (unchanged if it holds none: a dropped claim is not revived)."""
     return {h: replace(c, renewed=now) if h == holder else c for h, c in claims.items()}
-
-
-def covers(claims: Claims, holder: str, index: int, node: str, now: str, ttl: Optional[float]) -> bool:
-    """Does `holder`'s live claim cover `node` of its batch `index` (before the node's drain)?"""
-    mine = claims.get(holder)
-    return bool(mine and mine.index == index and node in mine.nodes and live({holder: mine}, now, ttl)[0])
 
 
 def released(claims: Claims, holder: str) -> Claims:
