@@ -14,8 +14,10 @@ from typing import Optional
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from ..config.model import NAMESPACE
+from ..kube.clients import new_client
 from ..kube.provider import CheckFailed, _short
 from ..kube.shared_budget import BudgetLease, release
 from ..plan import shared_budget as decide
@@ -44,13 +46,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--yes", action="store_true", help="do not ask before dropping the claim")
     args = parser.parse_args(argv)
     try:
-        with config.new_client_from_config(config_file=args.kubeconfig) as api:
+        with new_client(args.kubeconfig) as api:
             lease = BudgetLease(api, args.namespace, args.name)
             print(show(lease))
             if args.release:
                 return _release(api, lease, args)
     except (ApiException, CheckFailed, decide.SharedBudgetError, config.ConfigException) as e:
         print(f"error: {_short(e) if isinstance(e, ApiException) else e}", file=sys.stderr)
+        return 1
+    except HTTPError as e:  # no answer (every request is bounded: kube/clients.py), or none in time
+        print(f"error: no answer from the API server: {getattr(e, 'reason', None) or e}", file=sys.stderr)
         return 1
     return 0
 

@@ -136,6 +136,8 @@ class GpuNode(pulumi.ComponentResource):
             poll_interval=t.poll_interval,
             rollback_check=check,
             readiness=readiness,
+            # Only when chosen: a stack that keeps waiting stores no new input on its switches.
+            evict_with=cfg.drain.model_dump(exclude_defaults=True) if cfg.drain.switch_gpu_pods == "evict" else None,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.replacement, *filter(None, [self.before_hook])]),
         )
 

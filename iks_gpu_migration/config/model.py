@@ -236,6 +236,9 @@ class Drain(Model):
     skip_wait_for_delete_timeout: float = Field(default=0, ge=0, le=MAX_TIMEOUT)
     gpu_pods_only: bool = False  # the GPU Operator's gpuPodDeletion: evict only pods that use a GPU
     wait_for_completion: Optional[WaitForCompletion] = None
+    # The dra switch's GPU pods (kube/switch.py): "wait" until they end (bounded by timeouts.drain), or "evict" them
+    # under these rules, PDBs respected (docs/operations.md, the dra switch).
+    switch_gpu_pods: Literal["wait", "evict"] = "wait"
 
 
 class MigrationConfig(Model):

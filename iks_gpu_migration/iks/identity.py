@@ -73,9 +73,10 @@ class ClusterIdentityProvider(_IksProvider):
         pass  # a check leaves nothing behind
 
     def _check(self, props: dict[str, Any]) -> dict[str, Any]:
-        from kubernetes import client, config  # the IKS side needs kubernetes only here and when draining
+        from kubernetes import client  # the IKS side needs kubernetes only here and when draining
+        from ..kube.clients import api_client
         cluster, kubeconfig = props["cluster"], props.get("kubeconfig")
-        with config.new_client_from_config(config_file=kubeconfig or None) as api:
+        with api_client(kubeconfig) as api:
             nodes = [(n.metadata.name, (n.metadata.labels or {}).get(IKS_WORKER_ID_LABEL, ""), is_gpu_node(n))
                      for n in client.CoreV1Api(api).list_node().items]
             target = kubeconfig_target(kubeconfig, api.configuration.host)

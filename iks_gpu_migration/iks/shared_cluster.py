@@ -48,11 +48,11 @@ class SharedClusterReadyProvider(_IksProvider):
         pass  # a wait leaves nothing behind
 
     def _wait(self, props: dict[str, Any]) -> dict[str, Any]:
-        from kubernetes import config
+        from ..kube.clients import api_client  # kubernetes is only needed here and when draining
         cluster, target = props["cluster"], iks_rules.master_version(props["version"])
         iks, streak = self.client(props), Streak(self.readings(props))
         timeout, interval = self.timing(props, 3600)
-        with config.new_client_from_config(config_file=props.get("kubeconfig") or None) as api:
+        with api_client(props.get("kubeconfig")) as api:
             def poll():
                 info = iks.get_cluster(cluster)
                 at_target = (major_minor(info.get("masterKubeVersion")) == major_minor(target)

@@ -8,9 +8,10 @@ between threads (urllib3 docs, "Using PoolManager"), and ApiClient keeps no per-
 
 A client is keyed by the kubeconfig files' names and modification times (`ibmcloud ks cluster config` rewrites the
 file: the next call gets a client with its credentials) and by its use (requests, or watches: watch_client), and kept
-at most `TTL` seconds. An expiring exec or OIDC token
-is reloaded by the client itself before a request (kubernetes/config/kube_config.py, the `refresh_api_key_hook` it
-sets). Clients that expire are left to the garbage collector, as a thread may still be using them.
+at most `TTL` seconds. Clients that expire are left to the garbage collector, as a thread may still be using them.
+A token from an exec plugin or a tokenFile is obtained again before it expires and after the API server refused it
+(401), once for the whole process, and the refused request is sent once more with the new token (credentials.py); an
+OIDC auth-provider's token is refreshed by the client library when it loads the kubeconfig, at least every TTL.
 
 Every request has a timeout (bounded): a half-open connection (a load balancer that dropped its state, a stalled VPN)
 would otherwise block a call for ever, as no call of this program passes `_request_timeout` and kubernetes'
@@ -24,8 +25,9 @@ import time
 from typing import Iterator, Optional
 
 import urllib3
-from kubernetes import config
 from kubernetes.client import ApiClient, Configuration
+
+from . import credentials
 
 TTL = 60.0
 # Connect (TCP and TLS handshake) within client-go's TLS handshake timeout (10 s: k8s.io/apimachinery pkg/util/net
@@ -64,26 +66,40 @@ class _Clients:
             held = self._by_key.get(key)
             if held is not None and now - held[0] < TTL:
                 return held[1]
-            configuration = Configuration()
-            configuration.connection_pool_maxsize = POOL_SIZE
-            configuration.retries = RETRIES
-            api = bounded(config.new_client_from_config(config_file=kubeconfig or None,
-                                                        client_configuration=configuration))
+            api = new_client(kubeconfig)
             # Expired entries (any kubeconfig) are dropped; their clients close when the last user lets go.
             self._by_key = {k: v for k, v in self._by_key.items() if now - v[0] < TTL}
             self._by_key[key] = (now, api)
             return api
 
 
-def bounded(api: ApiClient) -> ApiClient:
+def new_client(kubeconfig: Optional[str], retries: "urllib3.Retry | int" = RETRIES) -> ApiClient:
+    """A client of its own for `kubeconfig` (None: KUBECONFIG or ~/.kube/config), bounded and with a renewable
+    credential: what every Kubernetes client of the package is built with (the commands' too: cli/)."""
+    configuration = Configuration()
+    configuration.connection_pool_maxsize = POOL_SIZE
+    configuration.retries = retries  # read when the client's connection pool is made, so before ApiClient()
+    credential = credentials.load(kubeconfig, configuration)
+    return bounded(ApiClient(configuration), credential)
+
+
+def bounded(api: ApiClient, credential: Optional[credentials.Credential] = None) -> ApiClient:
     """`api` with (CONNECT_TIMEOUT, READ_TIMEOUT) for every request that sets no `_request_timeout` of its own: its
-    RESTClientObject.request is the one place every call (ApiClient.call_api) goes through."""
+    RESTClientObject.request is the one place every call (ApiClient.call_api) goes through. With a `credential`, a
+    request answered 401 is sent once more if the credential then has another token (client-go answers the caller
+    with the 401 and renews for the next request; here the caller, often a wait, gets the answer of the retry)."""
     rest = api.rest_client
 
-    def bounded_request(*args, _request_timeout=None, **kwargs):
+    def bounded_request(method, url, headers=None, *args, _request_timeout=None, **kwargs):
         # The class's request, looked up at each call (not bound once): what wraps the class later applies too.
-        return type(rest).request(rest, *args, _request_timeout=_request_timeout or (CONNECT_TIMEOUT, READ_TIMEOUT),
-                                  **kwargs)
+        timeout = _request_timeout or (CONNECT_TIMEOUT, READ_TIMEOUT)
+        response = type(rest).request(rest, method, url, headers, *args, _request_timeout=timeout, **kwargs)
+        sent = (headers or {}).get("authorization") or ""
+        if response.status == 401 and credential is not None and credential.refused(sent.removeprefix("Bearer ")):
+            response.read()  # the refusal's short body: its connection goes back to the pool
+            headers = {**headers, "authorization": f"Bearer {credential.token()}"}
+            response = type(rest).request(rest, method, url, headers, *args, _request_timeout=timeout, **kwargs)
+        return response
 
     rest.request = bounded_request
     return api

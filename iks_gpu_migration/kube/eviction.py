@@ -15,6 +15,7 @@ Everything is bounded by timeouts.evict; what went is logged per pod and recorde
 
 Called by WorkerReplacementProvider right before each replaceWorker, so it runs exactly when a replacement does.
 """
+import dataclasses
 import json
 import time
 from typing import Any, Optional
@@ -93,6 +94,17 @@ def drain(node: str, settings: dict[str, Any]) -> dict[str, Any]:
             _undo_cordon_quietly(api, node)
             raise
     return result
+
+
+def evict_for_switch(api, node: str, pods: list[str], settings: dict[str, Any]) -> dict[str, Any]:
+    """drain.switchGpuPods: evict. The dra switch's GPU pods `pods` (namespace/name: those it would wait for) evicted
+    under the drain's rules as a drain evicts them (PodDisruptionBudgets respected, bare pods and emptyDir data only
+    if opted in, DaemonSet pods left), then awaited until gone, bounded by settings["timeout"] (timeouts.drain). The
+    switch cordoned the node already; the node keeps every other pod and no drain is recorded on it."""
+    s = _settings(settings)
+    s.update(options=dataclasses.replace(s["options"], gpu_pods_only=False),  # `pods` are the GPU pods already
+             not_done="its GPU path was not switched", bound="gpu-migration:timeouts.drain")
+    return _Drain(api, node, s, only=set(pods)).run()
 
 
 def _cordon(api, node: str) -> None:
@@ -178,8 +190,10 @@ def _wait_for_gpus(core: client.CoreV1Api, s: dict[str, Any]) -> None:
 class _Drain:
     """One drain of one node within this process: what was listed, evicted, awaited."""
 
-    def __init__(self, api, node: str, s: dict[str, Any]) -> None:
+    def __init__(self, api, node: str, s: dict[str, Any], only: Optional[set[str]] = None) -> None:
         self.api, self.node, self.s = api, node, s
+        self.only = only  # evict_for_switch: these pods (namespace/name) alone, and no record on the node
+        self.not_done = s.get("not_done", "its worker was not replaced")
         self.core = client.CoreV1Api(api)
         self.to_evict: dict[str, Verdict] = {}
         self.not_before: dict[str, float] = {}  # no eviction POST before (Retry-After, PDB backoff)
@@ -192,10 +206,10 @@ class _Drain:
     def run(self) -> dict[str, Any]:
         if self.s["wait_for_completion"]:
             drain_listing.wait_for_completion(self.core, self.node, self.s["wait_for_completion"], self.s["interval"])
-        listed = drain_listing.listing(self.api, self.node, self.s["options"], self.s["gpu_resources"])
+        listed = self._listing()
         if listed.refused:
             raise EvictionError(f"{listed.refusal(self.node)} (gpu-migration:drain); node {self.node} keeps running "
-                                f"them and its worker was not replaced")
+                                f"them and {self.not_done}")
         deleted = [self._delete(v) for v in listed.with_action("delete")]
         self.to_evict = {v.pod.key: v for v in listed.with_action("evict")}
         # Deleted pods are awaited too (kubectl drain deletePods -> waitForDelete): a Job's pod goes only once the
@@ -212,6 +226,13 @@ class _Drain:
         }
         self._report(result)
         return result
+
+    def _listing(self) -> DrainList:
+        listed = drain_listing.listing(self.api, self.node, self.s["options"], self.s["gpu_resources"])
+        if self.only is None:
+            return listed
+        return DrainList([v for v in listed.verdicts if v.pod.key in self.only],
+                         [v for v in listed.refused if v.pod.key in self.only])
 
     def _delete(self, verdict: Verdict) -> str:
         """Finished pods are deleted (kubectl drain deletes them too; no disruption to budget for)."""
@@ -269,7 +290,7 @@ class _Drain:
             self._in_terminating_namespace(key)
         else:
             raise EvictionError(f"evicting pod {key} from node {self.node} failed: HTTP {e.status}: "
-                                f"{status.get('message') or e.reason}; its worker was not replaced. "
+                                f"{status.get('message') or e.reason}; {self.not_done}. "
                                 f"{_fix_for(e.status, status)}") from None
 
     def _in_terminating_namespace(self, key: str) -> None:
@@ -342,7 +363,7 @@ class _Drain:
         """Pods scheduled onto the cordoned node after the listing (they tolerate node.kubernetes.io/unschedulable):
         named, not awaited (kubectl waits only for what it evicted); they go with the worker."""
         seen = {v.pod.uid for v in listed.verdicts + listed.refused}
-        after = drain_listing.listing(self.api, self.node, self.s["options"], self.s["gpu_resources"])
+        after = self._listing()
         back = sorted(v.pod.key for v in after.verdicts + after.refused
                       if v.pod.uid not in seen and v.action != "skip")
         if back:
@@ -353,6 +374,8 @@ class _Drain:
     def _report(self, result: dict[str, Any]) -> None:
         if result["skipped"]:
             pulumi.log.info(f"node {self.node}: left in place: {', '.join(result['skipped'])}")
+        if self.only is not None:
+            return  # the record tells `status` and a resumed replacement how the worker's node was drained
         note = record_drain(self.api, self.node, result)
         if note:
             result["recordNote"] = note
@@ -362,8 +385,8 @@ class _Drain:
         budgets = sorted({b for b in self.blocked.values() if b.startswith("PodDisruptionBudget")})
         fix = ("Let the blocking PodDisruptionBudgets allow a disruption (scale up, or move the pods), then re-run "
                "`pulumi up`" if budgets else "Check why those pods do not end, then re-run `pulumi up`")
-        return (f"{e}; its worker was not replaced. Already evicted: {', '.join(went) or 'none'}. {fix}; "
-                f"gpu-migration:timeouts.evict bounds this wait")
+        return (f"{e}; {self.not_done}. Already evicted: {', '.join(went) or 'none'}. {fix}; "
+                f"{self.s.get('bound', 'gpu-migration:timeouts.evict')} bounds this wait")
 
 
 def _fix_for(code: int, status: dict[str, Any]) -> str:

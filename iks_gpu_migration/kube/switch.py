@@ -5,14 +5,15 @@ at once lets the DRA kubelet plugin publish GPUs that running device-plugin pods
 a node as soon as its device-plugin allocatable is 0 (KEP-5004; kubernetes
 pkg/scheduler/framework/plugins/dynamicresources/extendeddynamicresources.go), so those GPUs go to a second pod.
 
-Forward (device-plugin -> dra): cordon; wait (timeouts.drain) until no pod on the node holds the plugin resource;
+Forward (device-plugin -> dra): cordon; wait (timeouts.drain) until no pod on the node holds the plugin resource
+(with drain.switchGpuPods: evict, those pods are evicted first under the drain's rules: evict_gpu_pods);
 set nvidia.com/gpu.deploy.device-plugin=false; wait (timeouts.pathSwitch) until the node's allocatable of the plugin
 resource is 0; only then add the pilot label. The smoke test verification uncordons.
-Rollback (dra -> device-plugin): cordon; wait until GPU pods finished; remove the pilot label; wait until the node's
-ResourceSlices of the driver are gone (the kubelet wipes them ~30 s after the plugin unregisters,
-pkg/kubelet/cm/dra); set nvidia.com/gpu.deploy.device-plugin=true explicitly (the GPU Operator re-adds a removed
-label only on a reconcile triggered by other label changes, controllers/state_manager.go). The rollback check
-(kube/rollback.py verify_rollback) then runs a check pod on the device-plugin path and uncordons.
+Rollback (dra -> device-plugin): cordon; wait until GPU pods finished (or evict them first, as forward); remove the
+pilot label; wait until the node's ResourceSlices of the driver are gone (the kubelet wipes them ~30 s after the plugin
+unregisters, pkg/kubelet/cm/dra); set nvidia.com/gpu.deploy.device-plugin=true explicitly (the GPU Operator re-adds
+a removed label only on a reconcile triggered by other label changes, controllers/state_manager.go). The rollback
+check (kube/rollback.py verify_rollback) then runs a check pod on the device-plugin path and uncordons.
 
 Only the standard Kubernetes API is used (kubernetes client), so this runs unchanged against a real API server. Each
 step is idempotent: an interrupted switch resumes from the node's labels on the next `pulumi up`.
@@ -25,7 +26,7 @@ from kubernetes import client
 from pulumi.dynamic import DiffResult, ReadResult, Resource
 
 from ..common.waiting import WaitTimeout, wait_for, waking_with
-from . import cluster
+from . import cluster, eviction
 from .cordon import cordon, cordoned_for, uncordon_if_ours
 from .labels import DEVICE_PLUGIN_LABEL
 from .node_changes import woken_by_changes
@@ -50,6 +51,25 @@ def _wait(what: str, poll, props: dict[str, Any], key: str, default: float, node
         raise CheckFailed(f"{e}\n{resume}") from None
     except Exception as e:  # an API error mid-wait: the node is cordoned all the same (Interrupted passes through)
         raise CheckFailed(f"reading the cluster failed while waiting for {what}: {_short(e)}\n{resume}") from e
+
+
+def evict_gpu_pods(api, p: dict[str, Any], pods: list[str], left: str) -> None:
+    """drain.switchGpuPods: evict. The GPU pods the switch is about to wait for are evicted first, under the drain's
+    rules (PodDisruptionBudgets respected; kube/eviction.py evict_for_switch), so a long-running pod does not hold
+    the node cordoned until timeouts.drain; what the rules leave (a DaemonSet's pod) is then awaited as before."""
+    node = p["node"]
+    if p.get("gpu_pods") != "evict" or not pods:
+        return
+    pulumi.log.info(f"node {node}: evicting its GPU pods before the switch (drain.switchGpuPods): {', '.join(pods)}")
+    settings = {"kubeconfig": p.get("kubeconfig"), "timeout": p.get("drain_timeout"),
+                "poll_interval": p.get("poll_interval"), "drain": p.get("drain_rules") or {}}
+    try:
+        went = eviction.evict_for_switch(api, node, pods, settings)
+    except eviction.EvictionError as e:
+        raise CheckFailed(f"{e}\nnode {node} is left cordoned, {left}; run `pulumi up` again to continue (the "
+                          f"switch resumes where it stopped)") from None
+    pulumi.log.info(f"node {node}: evicted {', '.join(went['evicted']) or 'no pod'}" +
+                    (f"; left in place: {', '.join(went['skipped'])}" if went["skipped"] else ""))
 
 
 def labels_of(api, node: str) -> dict[str, str]:
@@ -84,6 +104,9 @@ def forward(api, p: dict[str, Any]) -> bool:
     cordon(api, node, "dra")
 
     if labels.get(DEVICE_PLUGIN_LABEL) != "false":
+        evict_gpu_pods(api, p, cluster.device_plugin_gpu_pods(api, node, resource),
+                       "its device plugin still on and no pilot label")
+
         def plugin_pods():
             pods = cluster.device_plugin_gpu_pods(api, node, resource)
             return not pods, pods, f"pods holding {resource} through the device plugin: {', '.join(pods)}"
@@ -124,6 +147,7 @@ def rollback(api, p: dict[str, Any]) -> bool:
     refuse_if_paused(node, labels, key)
     pulumi.log.info(f"node {node}: rolling back from DRA to the device plugin; cordoning it")
     cordon(api, node, "device-plugin")
+    evict_gpu_pods(api, p, cluster.gpu_pods(api, node, p["extended_resource"]), "its labels unchanged")
 
     def gpu_pods():
         pods = cluster.gpu_pods(api, node, p["extended_resource"])
@@ -298,12 +322,15 @@ class NodePathSwitch(Resource, module="gpu-migration", name="NodePathSwitch"):
         poll_interval: float,
         rollback_check: Optional[RollbackCheck] = None,
         readiness: Optional[Readiness] = None,
+        evict_with: Optional[dict[str, Any]] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
     ):
         props = dict(kubeconfig=kubeconfig, node=node, target=target, pilot_label=pilot_label,
                      device_plugin_resource=device_plugin_resource, extended_resource=extended_resource,
                      driver=driver, drain_timeout=drain_timeout, switch_timeout=switch_timeout,
                      poll_interval=poll_interval, switched=None, rolling_back=None)
+        if evict_with is not None:  # drain.switchGpuPods: evict, under these rules of `drain:`
+            props.update(gpu_pods="evict", drain_rules=evict_with)
         if rollback_check is not None:
             props.update(check_image=rollback_check.image, check_namespace=rollback_check.namespace,
                          check_command=list(rollback_check.command) if rollback_check.command else None,

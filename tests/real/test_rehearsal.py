@@ -4,11 +4,13 @@ environment that stays up between them. Everything through the real commands, ea
 argument passed through), `status`, `pulumi stack history`, `stop`.
 
 start (a second start of the same project refused, naming its pid, before anything is touched; another project's
-environment runs beside it on ports of its own: issue 39) -> up (two device-plugin nodes, one ibm-managed) -> status
--> expand the pilot by editing the stack file (the preview changes only the new dra node and the DRA path) -> up ->
-status -> roll back as the docs give it (stack history names the good update, its stack file comes back as `git
-checkout <commit> -- Pulumi.local.yaml`, plain `pulumi preview`, up) -> status -> stack history shows the three updates
--> recover's dry run finds nothing to do -> stop (then status and a second stop say none runs)."""
+environment runs beside it on ports of its own: issue 39) -> a secret set with `pulumi config set --secret` -> up
+(Pulumi.local.yaml's stages: one dra node, one device-plugin, one ibm-managed) -> status -> expand the pilot to a
+second dra node by editing the stack file (the preview changes only that node's resources) -> up -> status -> roll
+back from stack history as the docs give it (`python -m iks_gpu_migration.cli.history` lists the updates, `--restore
+1` writes the first one's config back: one line of the stack file changes, the secret stays; plain `pulumi preview`
+changes only the expanded node, going back; issue 39 section 1) -> up -> status -> stack history shows the three
+updates -> recover's dry run finds nothing to do -> stop (then status and a second stop say none runs)."""
 import json
 import os
 import pathlib
@@ -26,7 +28,8 @@ from .project import CHARTS, EVERY_UP_CHECKS, REPO
 
 PY = sys.executable
 PY_DIR = pathlib.Path(sys.executable).parent
-DRA = "10.240.0.11"
+DRA = "10.240.0.11"  # the stack file's dra node
+EXPANDED = "10.240.0.12"  # the pilot's second dra node
 START_TIMEOUT = 300  # the tools are built by then (the session fixtures build them first)
 
 
@@ -40,9 +43,6 @@ def copy_project(d: pathlib.Path) -> pathlib.Path:
     cfg = stack["config"]
     cfg["gpu-migration:draDriver"]["chart"] = str(CHARTS / "nvidia-dra-driver-gpu")
     cfg["gpu-migration:timeouts"]["pollInterval"] = 0.2
-    for node in cfg["gpu-migration:nodes"]:
-        if node["stage"] == "dra":
-            node["stage"] = "device-plugin"  # the pilot starts without a dra node
     (d / "Pulumi.local.yaml").write_text(yaml.safe_dump(stack, sort_keys=False))
     return d
 
@@ -133,6 +133,60 @@ def all_done(nodes: dict[str, dict]) -> dict[str, str]:
     return {name: n["stage"] for name, n in nodes.items() if n["steps"] and all(s["done"] for s in n["steps"])}
 
 
+def preview_changes(stdout: str) -> set[str]:
+    """What a `pulumi preview --json` changes: resource names, without providers and the checks every up runs."""
+    return {s["urn"].rsplit("::", 1)[1] for s in json.loads(stdout)["steps"]
+            if s["op"] != "same" and not s["urn"].split("::")[2].startswith("pulumi:providers:")} - EVERY_UP_CHECKS
+
+
+def expand(project_dir: pathlib.Path, stack_file: pathlib.Path) -> set[str]:
+    """The pilot expanded to a second dra node by editing the stack file: its preview changes only that node's
+    resources, its gate and DRA preflight among them (the DRA path is there already); then up. Returns what the
+    preview changed."""
+    stack_file.write_text(with_stage(stack_file.read_text(), EXPANDED, "dra"))
+    preview = local(project_dir, "pulumi", "preview", "--stack", "local", "--json")
+    assert preview.returncode == 0, preview.stderr
+    changed = preview_changes(preview.stdout)
+    assert f"{EXPANDED}-switch" in changed, sorted(changed)
+    assert all(EXPANDED in name for name in changed), sorted(changed)
+    assert local(project_dir, "pulumi", "up", "--stack", "local", "--yes").returncode == 0
+    return changed
+
+
+def history_command(project: pathlib.Path, env: dict, *args: str) -> str:
+    done = subprocess.run([PY, "-m", "iks_gpu_migration.cli.history", "--stack", "local", "--project-dir",
+                           str(project), *args], text=True, capture_output=True, env=env, timeout=180)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def roll_back_from_history(project_dir: pathlib.Path, env: dict, expanded: set[str]) -> None:
+    """docs/operations.md#rollback: the history command lists the updates (the stack file matches the newest),
+    `--restore 1` writes the first one's config back: one line changes, the secret's ciphertext stays; plain `pulumi
+    preview` after the eval (issue 39 section 3) changes only the expanded node, going back."""
+    raw = history(project_dir, env)
+    assert [u["result"] for u in raw] == ["succeeded"] * 2
+    assert raw[0]["config"]["gpu-migration:ibmApiKey"] == {"secret": True}  # the CLI shows no secret's value
+    listed = json.loads(history_command(project_dir, dict(os.environ), "--json"))["updates"]  # no `eval` needed
+    assert [(u["number"], u["stages"], u["matchesStackFile"]) for u in listed] == [
+        (2, {DRA: "dra", EXPANDED: "dra", "10.240.0.13": "ibm-managed"}, True),
+        (1, {DRA: "dra", EXPANDED: "device-plugin", "10.240.0.13": "ibm-managed"}, False)]
+    stack_file = project_dir / "Pulumi.local.yaml"
+    before = stack_file.read_text()
+    out = history_command(project_dir, env, "--restore", "1").splitlines()
+    assert len(out) == 3 and out[1] == f"  node {EXPANDED}: stage dra -> device-plugin", out  # nothing else changes
+    assert out[2].startswith("written: Pulumi.local.yaml holds update #1 "), out
+    after = stack_file.read_text()
+    assert len(after.splitlines()) == len(before.splitlines()) and [
+        (a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b] == [
+        ("    stage: dra", "    stage: device-plugin")], after
+    back = subprocess.run(["pulumi", "preview", "--stack", "local", "--json"], cwd=project_dir, env=env,
+                          text=True, capture_output=True, timeout=300)
+    assert back.returncode == 0, back.stderr[-2000:]
+    changed = preview_changes(back.stdout)
+    assert f"{EXPANDED}-switch" in changed and all(EXPANDED in n or n in expanded for n in changed), sorted(changed)
+
+
 def test_the_readme_rehearsal_start_up_expand_roll_back_status_stop(project_dir, tmp_path, request):
     request.config.real_engine_nodeids.add(request.node.nodeid)
     started = Started(project_dir)
@@ -152,43 +206,30 @@ def test_the_readme_rehearsal_start_up_expand_roll_back_status_stop(project_dir,
         runs_beside(project_dir, tmp_path / "other-clone", other)
 
         env = exported(local(project_dir, "env").stdout)
-        stack_file = project_dir / "Pulumi.local.yaml"
-        good = stack_file.read_text()
+        secret = subprocess.run(["pulumi", "config", "set", "--secret", "gpu-migration:ibmApiKey", env["IC_API_KEY"],
+                                 "--stack", "local"], cwd=project_dir, env=env, text=True, capture_output=True,
+                                timeout=120)  # a secret in the stack file, which restoring an update keeps
+        assert secret.returncode == 0, secret.stderr
 
         assert local(project_dir, "pulumi", "up", "--stack", "local", "--yes").returncode == 0
         first = status(project_dir, dict(os.environ))  # out of the box: no `eval` of the session's environment
         assert set(all_done(first)) == set(first) == {DRA, "10.240.0.12", "10.240.0.13"}, first
-        dra_node = first[DRA]["node"]
-        assert dra_node != DRA  # replaced: status found it under its new name from the stack outputs
+        pilot_node = first[EXPANDED]["node"]
+        assert first[DRA]["stage"] == "dra" and pilot_node != EXPANDED  # replaced: status found its new name
 
-        stack_file.write_text(with_stage(good, DRA, "dra"))  # the pilot expanded by editing the stack file
-        preview = local(project_dir, "pulumi", "preview", "--stack", "local", "--json")
-        assert preview.returncode == 0, preview.stderr
-        changed = {s["urn"].rsplit("::", 1)[1] for s in json.loads(preview.stdout)["steps"]
-                   if s["op"] != "same" and not s["urn"].split("::")[2].startswith("pulumi:providers:")}
-        changed -= EVERY_UP_CHECKS
-        assert changed and all(DRA in name or name in ("dra-path", "dra-driver", "device-class",
-                                                                "smoke-namespace") or "dra-preflight" in name
-                               or name.endswith("-gate") for name in changed), ", ".join(sorted(changed))
-        assert not [n for n in changed if n.startswith(("10.240.0.12", "10.240.0.13"))], changed
-        assert local(project_dir, "pulumi", "up", "--stack", "local", "--yes").returncode == 0
-        expanded = status(project_dir, env)
-        assert expanded[DRA]["stage"] == "dra" and DRA in all_done(expanded)
-        assert expanded[DRA]["verification"]["result"] == "passed"
+        expanded = expand(project_dir, project_dir / "Pulumi.local.yaml")
+        now = status(project_dir, env)
+        assert now[EXPANDED]["stage"] == "dra" and EXPANDED in all_done(now)
+        assert now[EXPANDED]["verification"]["result"] == "passed"
 
-        # Rollback as docs/operations.md#rollback gives it: the history names the update that was good, its stack
-        # file comes back (`git checkout <commit> -- Pulumi.local.yaml`), preview, up.
-        assert [u["result"] for u in history(project_dir, env)] == ["succeeded"] * 2
-        stack_file.write_text(good)  # the stack file of the update that was good
-        # Plain `pulumi preview` after the eval, as docs/operations.md and `recover` print it (issue 39 section 3).
-        back_preview = subprocess.run(["pulumi", "preview", "--stack", "local"], cwd=project_dir, env=env,
-                                      text=True, capture_output=True, timeout=300)
-        assert back_preview.returncode == 0 and f"{DRA}-switch" in back_preview.stdout, back_preview.stderr[-2000:]
+        roll_back_from_history(project_dir, env, expanded)
         assert local(project_dir, "pulumi", "up", "--stack", "local", "--yes").returncode == 0
         back = status(project_dir, env)
-        assert back[DRA]["stage"] == "device-plugin" and all_done(back) == all_done(first)
-        assert back[DRA]["node"] == dra_node  # the same worker: a switch back, no replacement
+        assert back[EXPANDED]["stage"] == "device-plugin" and all_done(back) == all_done(first)
+        assert back[EXPANDED]["node"] == pilot_node  # the same worker: a switch back, no replacement
         assert [u["result"] for u in history(project_dir, env)] == ["succeeded"] * 3
+        listed = json.loads(history_command(project_dir, env, "--json"))["updates"]
+        assert [u["matchesStackFile"] for u in listed] == [True, False, True]  # the rollback ran update #1's config
         recover = subprocess.run([PY, "-m", "iks_gpu_migration.cli.recover", "--stack", "local", "--project-dir",
                                   str(project_dir)], env=env, text=True, capture_output=True, timeout=120)
         assert recover.returncode == 0 and "no pending operations and no lock to remove" in recover.stdout, recover

@@ -33,8 +33,10 @@ class Cluster:
     """The cluster of the stack's kubeconfig (None: KUBECONFIG / ~/.kube/config)."""
 
     def __init__(self, kubeconfig: Optional[str]) -> None:
-        from kubernetes import client, config as kconfig  # noqa: PLC0415 - only recover's cluster reads need it
-        self.api = kconfig.new_client_from_config(kubeconfig)
+        from kubernetes import client  # noqa: PLC0415 - only recover's cluster reads need it
+
+        from ...kube.clients import new_client
+        self.api = new_client(kubeconfig)
         self.core = client.CoreV1Api(self.api)
 
     def _get(self, path: str) -> Optional[dict[str, Any]]:
