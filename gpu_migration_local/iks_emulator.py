@@ -24,6 +24,7 @@ Fault injection:
                                       after `steps` ticks: the replacement time of benchmarks. Applied at the next
                                       request or the next pass of iks_nodes.IksNodeSync (run_due), so the Node
                                       registers at T as a kubelet would, whether or not anyone polls IKS then
+  provision_seconds_for[old ID] = T   the replacement of that worker takes T instead (a slow node)
 
 Behaviour of the real service modelled here, with its source (see /work/shared/reference/iks-api.md):
 - worker fix packs: new workers get the master's major.minor with the newest *worker* fix pack, which may differ
@@ -126,8 +127,10 @@ class IksEmulator:
         self.busy_on_update = 0  # the next n PUTs meet a master operation that just started (-> 400 Ef9cc)
         self._answer_after: list[list[Any]] = []  # [remaining, status, path-substring]
         self.provision_seconds: Optional[float] = None
+        self.provision_seconds_for: dict[str, float] = {}  # old worker ID -> its replacement's provisioning time
         self._timed: list[list[Any]] = []  # [monotonic deadline, callback]
         self._replacing: set[str] = set()  # accepted replaces not visible yet (replace_lag)
+        self._replacing_now = ""
         self._faults: list[list[Any]] = []  # [remaining, status, path-substring]
         self._expire_on: list[str] = []
         self._pending: list[list[Any]] = []  # [ticks left, callback]
@@ -279,8 +282,9 @@ class IksEmulator:
         if state == "provisioning":
             if self.stick_new_workers:
                 self.stuck.add(worker["id"])
-            if self.provision_seconds is not None:
-                self._timed.append([time.monotonic() + self.provision_seconds, lambda: self._deploy(worker)])
+            seconds = self.provision_seconds_for.get(self._replacing_now, self.provision_seconds)
+            if seconds is not None:
+                self._timed.append([time.monotonic() + seconds, lambda: self._deploy(worker)])
             else:
                 self._after(self.steps, lambda: self._deploy(worker))
         return worker
@@ -472,7 +476,9 @@ class IksEmulator:
             zone = next((z for z in pool["zones"] if z["id"] == worker["location"]), {})
             # The pool's automatic rebalancing provisions the new worker (auto-rebalance-off); not in an autoscaled pool.
             if self.rebalance and zone.get("autobalanceEnabled", True) and not pool.get("autoscaleEnabled"):
+                self._replacing_now = worker["id"]  # whose replacement this is (provision_seconds_for)
                 self._new_worker(pool, worker["location"], version, "provisioning", None)
+                self._replacing_now = ""
         if self.replace_lag:
             self._replacing.add(worker["id"])
             self._after(self.replace_lag, start)

@@ -3,17 +3,18 @@
 As Cluster API's rollout tests do (machinedeployment_rollout_rollingupdate_test.go: seeded random order, the budget
 checked after every step, a log to read back), but across several stacks sharing one budget, with random replacement
 times (some three times as long), GPU flavors that run out of stock in a pool and zone, and kills of a stack's `up`
-that a later `up` resumes. What decides is the program's code, not a model of it: the plan's batches
-(plan.make_plan), the gate and the re-check before each drain (plan.gate_decision, plan.drain_decision), the shared
-budget's admission over the fleet as the cluster shows it (plan/shared_budget.py, plan/fleet_count.py) and the canary
-per pool and zone (iks/pool_rules.py Canaries, its non-blocking `turn`). What acts is simulated: IKS (a replace
-deletes the old worker; the new one joins after the replacement time, or fails when its pool and zone is out of
-stock) and the engine (a batch starts when the previous one is done; a failed node stops later batches).
+that a later `up` resumes. What decides is the program's code, not a model of it: the plan (plan.make_plan), which
+node starts when (plan/slots.py Slots: a slot per node), the gate and the re-check before each drain
+(plan.gate_decision, plan.drain_decision), the shared budget's admission over the fleet as the cluster shows it
+(plan/shared_budget.py, plan/fleet_count.py) and the canary per pool and zone (iks/pool_rules.py Canaries, its
+non-blocking `turn`). What acts is simulated: IKS (a replace deletes the old worker; the new one joins after the
+replacement time, or fails when its pool and zone is out of stock) and the engine (a node's steps run once Slots
+lets it start; a failed node stops the nodes not yet started).
 
 After every event the invariants hold or the run fails with its seed and its log: the fleet never has more GPU nodes
-out than the shared budget, no stack more than its own, no worker is replaced twice, a stock-out costs a process one
-node per pool and zone before that pool and zone proved itself in it, and every run ends converged or stopped with a
-failure named.
+out than the shared budget, no stack more than its own nor more nodes in flight than its slots, no worker is replaced
+twice, a stock-out costs a process one node per pool and zone before that pool and zone proved itself in it, and
+every run ends converged or stopped with a failure named.
 """
 import datetime
 import heapq
@@ -27,6 +28,7 @@ from iks_gpu_migration.iks.pool_rules import Canaries
 from iks_gpu_migration.iks.provider import ReplacementError
 from iks_gpu_migration.plan import shared_budget as decide
 from iks_gpu_migration.plan.fleet_count import Fleet, Member
+from iks_gpu_migration.plan.slots import Slots, Start
 
 GPU = {"ibm-cloud.kubernetes.io/gpu-enabled": "true"}
 SELECTOR = "ibm-cloud.kubernetes.io/gpu-enabled=true"
@@ -43,7 +45,8 @@ class Entry:
     pool: str
     zone: str
     stage: str = "device-plugin"
-    state: str = "old"  # old, cordoned, gone (replace requested), new (joined), failed (provision_failed)
+    # old, broken (NotReady before the run), cordoned, gone (replace requested), new (joined), failed (provision_failed)
+    state: str = "old"
     requested: int = 0  # replaceWorker calls for this entry
     requested_by: int = -1  # the process (`up`) that requested it
     unproven: bool = False  # its pool and zone had not proved itself in that process when it was requested
@@ -51,8 +54,8 @@ class Entry:
 
     def view(self) -> Optional[plan.NodeView]:
         labels = {**GPU, plan.gates.IKS_POOL_LABEL: self.pool}
-        if self.state in ("old", "cordoned"):
-            return plan.NodeView(self.name, labels, self.state == "cordoned", True)
+        if self.state in ("old", "cordoned", "broken"):
+            return plan.NodeView(self.name, labels, self.state == "cordoned", self.state != "broken")
         if self.state == "new":
             return plan.NodeView(f"{self.name}-new", labels, False, True, self.name)
         return None  # gone: deleted, its replacement not joined (or failed)
@@ -70,10 +73,10 @@ class Stack:
     every_batch: bool = False
     process: int = 0  # which `up` (a kill ends one, a resume starts the next)
     canaries: Canaries = field(default_factory=Canaries)
-    batch: int = 0  # index into plan.batches of the batch under way
-    gated: set = field(default_factory=set)  # batch indices whose gate opened (recorded in state)
-    gate_since: Optional[float] = None  # the gate under way has waited since
-    running: dict = field(default_factory=dict)  # entry name -> its step: drain, turn, wait
+    gated: set = field(default_factory=set)  # nodes whose gate opened (recorded in state)
+    gate_since: dict = field(default_factory=dict)  # node -> its gate has waited since
+    admitted: dict = field(default_factory=dict)  # node -> the node and its peers, as its gate admitted them
+    running: dict = field(default_factory=dict)  # entry name -> its step: gate, drain, turn, wait
     done: set = field(default_factory=set)
     failed: dict = field(default_factory=dict)  # entry name -> why
     alive: bool = True
@@ -81,6 +84,14 @@ class Stack:
     def __post_init__(self) -> None:
         self.plan = plan.make_plan(self.entries, self.max_unavailable)
         self.by_name = {e.name: e for e in self.entries}
+        self.new_process()
+
+    def new_process(self) -> None:
+        """A new `up`: the program's slots start over (nodes already done end at once: their steps are recorded);
+        nodes an earlier `up` left out (cordoned, or their worker being replaced) first, as the inventory's
+        `resume_first` orders them (components/slots.py resume_order)."""
+        held = frozenset(e.name for e in self.entries if e.state in ("cordoned", "gone", "failed", "broken"))
+        self.slots = Slots([t.node for t in self.plan.batches], self.plan.slots, resumed=held)
 
     @property
     def holder(self) -> str:
@@ -88,11 +99,11 @@ class Stack:
 
     @property
     def finished(self) -> bool:
-        return self.batch >= len(self.plan.batches) or (bool(self.failed) and not self.running)
+        return self.converged or (bool(self.failed) and not self.running)
 
     @property
     def converged(self) -> bool:
-        return self.batch >= len(self.plan.batches)
+        return len(self.done) == len(self.plan.batches)
 
 
 class Simulation:
@@ -102,6 +113,7 @@ class Simulation:
         self.seed, self.limit, self.ttl = seed, limit, ttl
         self.now, self.events, self.seq = 0.0, [], itertools.count()
         self.log: list[str] = []
+        self._views: Optional[tuple[tuple[str, ...], list[plan.NodeView]]] = None
         self.claims: decide.Claims = {}
         self.stock: dict[tuple[str, str], int] = {}
         self.lost: dict[tuple[int, str, str, str], int] = {}  # (process, stack, pool, zone) -> workers lost
@@ -110,7 +122,7 @@ class Simulation:
         for key in self.rng.sample(pools, min(stock_outs, len(pools))):
             self.stock[key] = self.rng.randint(0, 3)  # this many more workers, then provision_failed
         for s in self.stacks:
-            self.at(self.rng.uniform(0, 30), lambda s=s: self.start_batch(s))
+            self.at(self.rng.uniform(0, 30), lambda s=s: self.begin(s))
         for _ in range(kills):
             self.at(self.rng.uniform(50, 1500), self.kill)
 
@@ -161,6 +173,8 @@ class Simulation:
             mine = [e.name for e in s.entries if e.out and e.state != "failed"]
             if len(mine) > s.max_unavailable:
                 raise AssertionError(self.trace(f"{s.name}: {mine} out, its maxUnavailable {s.max_unavailable}"))
+            if len(s.running) > s.plan.slots:
+                raise AssertionError(self.trace(f"{s.name}: {sorted(s.running)} in flight, {s.plan.slots} slots"))
         twice = [e.name for e in entries if e.requested > 1]
         if twice:
             raise AssertionError(self.trace(f"replaced twice: {twice}"))
@@ -171,41 +185,56 @@ class Simulation:
 
     # A stack's `up` ------------------------------------------------------------------------------------------------
     def views(self) -> list[plan.NodeView]:
-        return [v for s in self.stacks for e in s.entries if (v := e.view()) is not None]
+        """Every Node as the cluster shows it now (read again only after an entry's state changed)."""
+        key = tuple(e.state for s in self.stacks for e in s.entries)
+        if self._views is None or self._views[0] != key:
+            self._views = (key, [v for s in self.stacks for e in s.entries if (v := e.view()) is not None])
+        return self._views[1]
 
     def fleet(self) -> Fleet:
         members = {s.holder: Member((s.entries[0].pool,), len(s.entries)) for s in self.stacks}
         return Fleet(tuple(self.views()), SELECTOR, members)
 
-    def admit(self, s: Stack, index: int, batch: tuple[str, ...], fits_locally: bool = True) -> bool:
+    def admit(self, s: Stack, index: int, batch: tuple[str, ...], fits_locally: bool = True,
+              merge: bool = False) -> bool:
         """The shared budget, as kube/shared_budget.py try_admit decides and writes it."""
         admission = decide.admission(self.claims, self.limit, s.holder, index, batch, self.stamp(), "fleet",
-                                     self.fleet(), self.ttl)
+                                     self.fleet(), self.ttl, merge=merge)
         if admission.expired:
             self.say(f"{s.name}: dropped the expired claims of {sorted(admission.expired)}")
         self.claims = admission.claims if fits_locally else \
             {h: c for h, c in admission.claims.items() if h != s.holder}
         return admission.open and fits_locally
 
-    def start_batch(self, s: Stack) -> None:
-        if not s.alive or s.finished or s.running:
+    def begin(self, s: Stack) -> None:
+        """A process starts: the first slots' nodes go (components/slots.py SlotTurns.watch). A resumed `up` retries
+        what failed, as the next `pulumi up` does."""
+        if s.alive:
+            self.start(s, s.slots.starts(), s.process)
+
+    def start(self, s: Stack, starts: list[Start], process: int) -> None:
+        for start in starts:
+            self.say(f"{s.name}: {start.node} gets a slot beside {list(start.peers)}")
+            s.running[start.node] = "gate"
+            self.gate(s, start, process)
+
+    def gate(self, s: Stack, start: Start, process: int) -> None:
+        """The node's CapacityGate (kube/capacity_gate.py), unless recorded by an earlier process."""
+        if not s.alive or process != s.process:
             return
-        batch = s.plan.batches[s.batch]
-        todo = [n for n in batch.nodes if n not in s.done]
-        if batch.index not in s.gated:
-            local = plan.gate_decision(self.views(), batch.nodes, SELECTOR, s.plan.budget.min_available)
-            if not self.admit(s, batch.index, batch.nodes, local.open):
-                s.gate_since = self.now if s.gate_since is None else s.gate_since
-                if self.now - s.gate_since > WAIT_TIMEOUT:
-                    s.failed["gate"] = f"batch {batch.index}'s capacity gate timed out"
-                    return self.say(f"{s.name}: stopped: {s.failed['gate']}")
-                self.at(POLL, lambda: self.start_batch(s))
-                return
-            s.gated.add(batch.index)
-            s.gate_since = None
-            self.say(f"{s.name}: batch {batch.index} {list(batch.nodes)} starts")
-        for name in todo:
-            self.step(s, s.by_name[name], s.process)
+        node, members = start.node, (start.node, *start.peers)
+        if node not in s.gated:
+            turn = s.plan.batch_of(node)
+            local = plan.gate_decision(self.views(), members, SELECTOR, s.plan.budget.min_available)
+            if not self.admit(s, turn.index, members, local.open):
+                since = s.gate_since.setdefault(node, self.now)
+                if self.now - since > WAIT_TIMEOUT:
+                    return self.node_done(s, s.by_name[node], process, f"{node}'s capacity gate timed out")
+                return self.at(POLL, lambda: self.gate(s, start, process))
+            s.gated.add(node)
+            self.say(f"{s.name}: {node} starts")
+        s.admitted[node] = members
+        self.step(s, s.by_name[node], process)
 
     def step(self, s: Stack, e: Entry, process: int) -> None:
         """One node's replacement, resumable: its next step from the state IKS and the cluster show."""
@@ -219,19 +248,19 @@ class Simulation:
         if e.state == "gone":  # requested by an earlier process: followed, it is this process's canary if none is
             s.canaries.adopt("sim", f"sim/{e.name}", self.worker(e))
             return
-        batch = s.plan.batch_of(e.name)
-        if not self.drain_ok(s, e, batch):
+        turn = s.plan.batch_of(e.name)
+        if not self.drain_ok(s, e, turn):
             e.waiting_since = self.now if e.waiting_since is None else e.waiting_since
             if self.now - e.waiting_since > WAIT_TIMEOUT:
                 e.state = "old" if e.state == "cordoned" else e.state  # never requested: uncordoned again
                 return self.node_done(s, e, process, "the capacity re-check before its drain timed out")
             return self.at(POLL, lambda: self.step(s, e, process))
         e.waiting_since = None
-        if e.state == "old":
+        if e.state in ("old", "broken"):
             e.state = "cordoned"
             self.say(f"{s.name}: {e.name} drained")
         try:
-            waits = s.canaries.turn("sim", self.worker(e), batch.index if s.every_batch else None)
+            waits = s.canaries.turn("sim", self.worker(e), turn.round if s.every_batch else None)
         except ReplacementError as error:
             e.state = "old"  # never requested: uncordoned again
             return self.node_done(s, e, process, str(error)[:80])
@@ -239,10 +268,12 @@ class Simulation:
             return self.at(POLL, lambda: self.step(s, e, process))
         self.request(s, e, process)
 
-    def drain_ok(self, s: Stack, e: Entry, batch: plan.Batch) -> bool:
-        """kube/drain_budget.py hold_for_budget: the stack's budget, then the shared one."""
-        decision = plan.drain_decision(self.views(), e.name, batch.nodes, SELECTOR, s.plan.budget.min_available)
-        return decision.open and self.admit(s, batch.index, batch.nodes)
+    def drain_ok(self, s: Stack, e: Entry, turn: plan.Batch) -> bool:
+        """kube/drain_budget.py hold_for_budget: the stack's budget, then the shared one (the claim keeps the stack's
+        other nodes: merge)."""
+        members = s.admitted.get(e.name, turn.nodes)
+        decision = plan.drain_decision(self.views(), e.name, members, SELECTOR, s.plan.budget.min_available)
+        return decision.open and self.admit(s, turn.index, members, merge=True)
 
     @staticmethod
     def worker(e: Entry) -> dict:
@@ -250,7 +281,7 @@ class Simulation:
 
     def request(self, s: Stack, e: Entry, process: int) -> None:
         group = s.canaries._groups.get(Canaries.group("sim", self.worker(e)))
-        proof = s.plan.batch_of(e.name).index if s.every_batch else None
+        proof = s.plan.batch_of(e.name).round if s.every_batch else None
         e.unproven = not (group and {None, proof} & group.proven)
         e.state, e.requested, e.requested_by = "gone", e.requested + 1, process
         self.say(f"{s.name}: {e.name} replaceWorker")
@@ -278,24 +309,19 @@ class Simulation:
         s.running.pop(e.name, None)
         s.canaries.end("sim", f"sim/{e.name}", None if error is None else RuntimeError(error),
                        requested=e.requested > 0 or e.state == "failed", worker=self.worker(e),
-                       every_batch=s.every_batch, batch=s.plan.batch_of(e.name).index)
+                       every_batch=s.every_batch, batch=s.plan.batch_of(e.name).round)
         if error is None:
             s.done.add(e.name)
+            self.start(s, s.slots.finish(e.name), process)
         else:
             s.failed[e.name] = error
             self.say(f"{s.name}: {e.name} failed: {error}")
-        self.batch_over(s)
-
-    def batch_over(self, s: Stack) -> None:
+            self.start(s, s.slots.fail(e.name, error), process)
         if s.running:
             return
         if s.failed:
-            self.say(f"{s.name}: stopped, later batches not started ({sorted(s.failed)})")
-            return
-        s.batch += 1
-        if s.batch < len(s.plan.batches):
-            self.at(0, lambda: self.start_batch(s))
-        else:
+            self.say(f"{s.name}: stopped, the nodes not yet started were not started ({sorted(s.failed)})")
+        elif s.converged:
             self.claims = decide.released(self.claims, s.holder)  # shared-budget-release
             self.say(f"{s.name}: converged")
 
@@ -311,5 +337,7 @@ class Simulation:
 
     def resume(self, s: Stack) -> None:
         s.alive, s.process, s.canaries = True, s.process + 1, Canaries()
+        s.gate_since, s.failed = {}, {}
+        s.new_process()
         self.say(f"{s.name}: resumed")
-        self.start_batch(s)
+        self.begin(s)

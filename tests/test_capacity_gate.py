@@ -22,8 +22,9 @@ def kube(kube):
 
 def gate(kube, tmp_path, **overrides):
     n1, n2 = kube.name("n1"), kube.name("n2")
-    props = {"kubeconfig": kube.kubeconfig, "index": 2, "batch": [n1, n2],
-             "stages": {n1: "dra", n2: "dra"}, "after": ["n0"], "selector": "nvidia.com/gpu.present=true",
+    # n1's turn, n2 in flight beside it (its slot: components/slots.py), n0's end freed the slot.
+    props = {"kubeconfig": kube.kubeconfig, "index": 2, "batch": [n1], "slot": {"peers": [n2], "freed_by": "n0"},
+             "stages": {n1: "dra"}, "after": ["n0"], "selector": "nvidia.com/gpu.present=true",
              "min_available": 3, "soak_seconds": 0, "timeout": 2, "poll_interval": 0.01, **overrides}
     return _CapacityGateProvider().create(props).outs
 
@@ -38,9 +39,9 @@ def test_a_cordoned_node_blocks_the_batch_until_the_timeout_naming_it(kube, tmp_
     requests = kube.record(monkeypatch)
     with pytest.raises(CheckFailed) as e:
         gate(kube, tmp_path, timeout=0.3)
-    assert f"timed out after 0s waiting for capacity for batch 2 ({n1}, {n2})" in str(e.value)
+    assert f"timed out after 0s waiting for capacity for node {n1} beside 1 in flight ({n2})" in str(e.value)
     assert f"2 GPU nodes available outside the batch, 3 needed; unavailable: {n4} (cordoned)" in str(e.value)
-    assert "batch 2 was not started, none of its nodes was changed" in str(e.value)
+    assert f"node {n1} was not started, nothing of it was changed" in str(e.value)
     assert requests and not [r for r in requests if r[0] != "GET"]  # the gate only reads
 
 
@@ -53,13 +54,27 @@ def test_waits_until_a_not_ready_node_recovers(kube, tmp_path, monkeypatch):
     assert len(polls) >= 4  # it polled while blocked
 
 
-def test_soaks_after_the_previous_batch(kube, tmp_path):
+def test_soaks_after_the_node_that_freed_its_slot(kube, tmp_path):
     started = time.monotonic()
     gate(kube, tmp_path, soak_seconds=0.3)
     assert time.monotonic() - started >= 0.3
     started = time.monotonic()
-    gate(kube, tmp_path, soak_seconds=30, after=[])  # the first batch has nothing to soak after
+    # One of the first slots: nothing to soak after.
+    gate(kube, tmp_path, soak_seconds=30, slot={"peers": [kube.name("n2")], "freed_by": ""})
     assert time.monotonic() - started < 5
+
+
+def test_the_slot_steers_a_run_but_never_runs_a_gate_again():
+    """Which nodes are in flight differs every `up`: a recorded gate is not run again for it (nor for its position
+    or timeouts); its node, stage, budget, selector or kubeVersion do."""
+    provider = _CapacityGateProvider()
+    olds = {"batch": ["n1"], "stages": {"n1": "device-plugin"}, "min_available": 3, "selector": "a=b",
+            "kube_version": "1.36", "kubeconfig": None, "slot": {"peers": ["n0"], "freed_by": "n9"}, "index": 2,
+            "timeout": 60, "opened": "3 GPU nodes available"}
+    news = {**olds, "slot": {"peers": [], "freed_by": ""}, "index": 7, "timeout": 120}
+    news.pop("opened")
+    assert not provider.diff("id", olds, news).changes
+    assert provider.diff("id", olds, {**news, "min_available": 2}).replaces == ["min_available"]
 
 
 def test_reruns_when_its_batch_or_stages_change():
@@ -120,8 +135,9 @@ def test_a_gate_that_opens_short_of_gpu_nodes_warns_naming_them(kube, tmp_path, 
     warnings: list[str] = []
     monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(message))
     assert gate(kube, tmp_path)["opened"].startswith("3 GPU nodes available")
-    assert warnings == [f"batch 2: the capacity budget does not count every GPU node; 1 GPU node(s) not matched by "
-                        f"gpuNodeSelector 'nvidia.com/gpu.present=true', so not counted: {kube.name('ibm-1')} "
+    assert warnings == [f"node {kube.name('n1')}: the capacity budget does not count every GPU node; 1 GPU node(s) "
+                        f"not matched by gpuNodeSelector 'nvidia.com/gpu.present=true', so not counted: "
+                        f"{kube.name('ibm-1')} "
                         f"(nvidia.com/gpu capacity); set gpu-migration:gpuNodeSelector to labels every GPU node "
                         f"carries (alternatives separated by |, e.g. ibm-cloud.kubernetes.io/gpu-enabled=true|"
                         f"nvidia.com/gpu.present=true)"]

@@ -64,7 +64,7 @@ def test_the_wait_is_bounded_and_names_the_unavailable_nodes(env):
     with pytest.raises(BudgetExceeded) as raised:
         replace(iks_emu, "w1", evict={**evict, "budget": {**evict["budget"], "timeout": 0.3}})
     message = str(raised.value)
-    assert f"waiting for capacity to drain node {node} of batch 1 ({node}, {mate})" in message
+    assert f"waiting for capacity to drain node {node} beside {mate} in flight" in message
     assert f"1 GPU nodes available outside the batch, 2 needed; unavailable: {o1} (NotReady)" in message
     assert f"node {node} was not drained and its worker not replaced" in message
     assert "gpu-migration:maxUnavailable" in message and "`pulumi up` again" in message

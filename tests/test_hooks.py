@@ -43,9 +43,9 @@ def test_hooks_run_before_replacement_and_after_verification():
     assert run.depends(f"{DRA_NODE}-after-verification-hook", f"{DRA_NODE}-smoke-verification")
     # Nodes go one at a time (maxUnavailable 1): the second node's hook waits for its batch's gate, which is
     # registered only once the first node is done (rollout.py).
-    assert run.depends(f"{DP_NODE}-before-replace-hook", "batch-2-gate")
+    assert run.depends(f"{DP_NODE}-before-replace-hook", f"{DP_NODE}-gate")
     order = [r.name for r in run.registered]
-    assert order.index(f"{DRA_NODE}-switch") < order.index("batch-2-gate")
+    assert order.index(f"{DRA_NODE}-switch") < order.index(f"{DP_NODE}-gate")
     assert not {f"{IBM_NODE}-before-replace-hook", f"{IBM_NODE}-after-verification-hook"} & run.names()
 
 

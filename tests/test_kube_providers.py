@@ -1110,3 +1110,20 @@ def test_a_batch_preflight_lets_dra_nodes_of_other_batches_publish(dra_cluster, 
     assert kube_preflight.preflight(api, DRIVER, ER, [], [n3], pilot_label=pilot) == [
         f"node {n1}: publishes 1 DRA devices of driver {DRIVER} but is not a dra node",
         f"node {n3}: publishes 1 DRA devices of driver {DRIVER} but is not a dra node"]
+
+
+def test_the_inventory_names_the_nodes_out_before_the_run_which_take_the_first_slots(kube, kubeconfig):
+    """resume_first: entries whose node this program cordoned (an earlier `up` stopped while they were in flight) and
+    entries whose node is NotReady; not a node someone else cordoned, not an ibm-managed entry (components/slots.py)."""
+    ours, broken, theirs, fine, ibm = (kube.name(n) for n in ("ours", "broken", "theirs", "fine", "ibm"))
+    for name in (ours, broken, theirs, fine):
+        kube.add_node(name, labels={"nvidia.com/gpu.present": "true"}, kubelet_version="v1.36.1+IKS")
+    kube.add_node(ibm, labels={"nvidia.com/gpu.present": "true"}, kubelet_version="v1.35.4+IKS")
+    kube.cordon(ours, annotations={CORDON_ANNOTATION: "replace"})
+    kube.cordon(theirs)
+    kube.set_ready(broken, False)
+    kube.set_ready(ibm, False)
+    configured = {fine: "device-plugin", theirs: "dra", broken: "device-plugin", ours: "dra", ibm: "ibm-managed"}
+    out = create(_GpuNodeInventoryProvider(), kubeconfig, configured=configured, worker_ids={},
+                 operator_min_version="1.36")
+    assert out["resume_first"] == [broken, ours]  # config order

@@ -59,7 +59,7 @@ def test_with_a_temp_pool_eviction_waits_for_its_gpus_and_the_operator_comes_fir
         run_program(raw, mocks=mocks)
     names = {r.name for r in mocks.registered}
     assert "temp-gpu-pool" in names
-    assert not {"batch-1-gate", f"{DRA_NODE}-replacement", f"{DRA_NODE}-operator-ready"} & names
+    assert not {f"{DRA_NODE}-gate", f"{DRA_NODE}-replacement", f"{DRA_NODE}-operator-ready"} & names
     from types import SimpleNamespace
     from iks_gpu_migration.components.migration import eviction_settings
     pool = SimpleNamespace(node_names=["10.240.9.1"])  # TempGpuPool.node_names: its ready nodes

@@ -32,31 +32,34 @@ def test_zero_budget_without_surge_is_refused():
         resolve_max_unavailable(0, 10)
 
 
-def test_batches_hold_budget_plus_surge_in_config_order():
+def test_turns_in_config_order_with_budget_plus_surge_slots():
     plan = make_plan(nodes("dra", "ibm-managed", "device-plugin", "device-plugin", "dra", "device-plugin"),
                      max_unavailable=2, surge=1, soak_seconds=300, surge_pool="tmp")
-    assert [b.nodes for b in plan.batches] == [("10.0.0.1", "10.0.0.3", "10.0.0.4"), ("10.0.0.5", "10.0.0.6")]
-    assert plan.untouched == ("10.0.0.2",)
-    assert plan.batches[1].after == plan.batches[0].nodes and plan.batches[0].after == ()
-    assert [b.soak_seconds for b in plan.batches] == [0, 300]  # soak only between batches
-    assert plan.budget.min_available == 6 - 2  # the surge keeps capacity while batches hold 3
-    assert plan.batch_of("10.0.0.5").index == 2 and plan.batch_of("10.0.0.2") is None
+    assert [t.nodes for t in plan.batches] == [("10.0.0.1",), ("10.0.0.3",), ("10.0.0.4",), ("10.0.0.5",),
+                                              ("10.0.0.6",)]
+    assert plan.slots == 3 and plan.untouched == ("10.0.0.2",)
+    assert [t.after for t in plan.batches] == [(), ("10.0.0.1",), ("10.0.0.3",), ("10.0.0.4",), ("10.0.0.5",)]
+    assert [t.soak_seconds for t in plan.batches] == [0, 0, 0, 300, 300]  # soak only where a node's end freed a slot
+    assert [t.round for t in plan.batches] == [1, 1, 1, 2, 2]
+    assert plan.budget.min_available == 6 - 2  # the surge keeps capacity while 3 are out
+    assert plan.batch_of("10.0.0.5").index == 4 and plan.batch_of("10.0.0.2") is None
+    assert plan.batches[0].gate_name == "10.0.0.1-gate"
     text = plan.render()
-    assert "5 of 6 GPU nodes in 2 batch(es) of at most 3 (maxUnavailable 2 + surge 1 from temporary GPU pool tmp)" in text
+    assert ("5 of 6 GPU nodes, at most 3 at once (maxUnavailable 2 + surge 1 from temporary GPU pool tmp)" in text)
     assert "300s of soak" in text and ">= 4 available GPU nodes" in text
-    assert "batch 2: 10.0.0.5, 10.0.0.6" in text and "not replaced (ibm-managed): 10.0.0.2" in text
+    assert "start at once: 10.0.0.1, 10.0.0.3, 10.0.0.4" in text
+    assert "then each as a slot frees: 10.0.0.5, 10.0.0.6" in text and "not replaced (ibm-managed): 10.0.0.2" in text
 
 
 def test_default_budget_is_one_node_at_a_time():
     plan = make_plan(nodes("dra", "device-plugin", "dra"))
-    assert [b.nodes for b in plan.batches] == [("10.0.0.1",), ("10.0.0.2",), ("10.0.0.3",)]
-    assert all(len(b.nodes) <= plan.budget.max_unavailable for b in plan.batches)
+    assert [b.nodes for b in plan.batches] == [("10.0.0.1",), ("10.0.0.2",), ("10.0.0.3",)] and plan.slots == 1
 
 
 def test_plan_of_a_large_fleet_never_exceeds_its_budget():
     plan = make_plan(nodes(*["device-plugin"] * 1000), max_unavailable="3%")
-    assert plan.budget.batch_size == 30 and len(plan.batches) == 34
-    assert sorted(n for b in plan.batches for n in b.nodes) == sorted(n.name for n in nodes(*["device-plugin"] * 1000))
+    assert plan.slots == 30 and len(plan.batches) == 1000
+    assert [t.node for t in plan.batches] == [n.name for n in nodes(*["device-plugin"] * 1000)]
 
 
 # Gate decisions -------------------------------------------------------------------------------------------------
@@ -136,9 +139,36 @@ def test_status_explains_the_plan():
 
     text = status.plan_text({"nodes": [{"name": f"n{i}", "workerId": f"w{i}", "stage": "device-plugin"}
                                        for i in range(1, 6)], "maxUnavailable": "40%"})
-    assert "5 of 5 GPU nodes in 3 batch(es) of at most 2 (maxUnavailable 2)" in text
-    assert "batch 3: n5" in text
+    assert "5 of 5 GPU nodes, at most 2 at once (maxUnavailable 2)" in text
+    assert "start at once: n1, n2" in text and "then each as a slot frees: n3, n4, n5" in text
     assert status.plan_text({"nodes": [], "maxUnavailable": "x"}).startswith("no migration plan: maxUnavailable 'x'")
+
+
+def test_status_says_which_nodes_hold_the_slots_and_which_wait_for_what():
+    from iks_gpu_migration.cli import status
+
+    config = {"nodes": [{"name": f"n{i}", "workerId": f"w{i}", "stage": "device-plugin"} for i in range(1, 6)],
+              "maxUnavailable": "2"}
+
+    def node(name, steps, cordoned=False, found=True):
+        return {"configuredName": name, "found": found, "cordoned": cordoned,
+                "steps": [{"step": f"s{i}", "done": done} for i, done in enumerate(steps)]}
+
+    done, none = [True] * 4, [False] * 4
+    statuses = [node("n1", done), node("n2", [True, False, False, False]), node("n3", none, cordoned=True),
+                node("n4", none), node("n5", none)]
+    assert status.turns_text(config, statuses) == (
+        "now: 2 of 2 slot(s) taken (n2, n3); next: n4 waits for a node in flight to be done; 1 more wait after it")
+    statuses[1] = node("n2", done)
+    assert "now: 1 of 2 slot(s) taken (n3); next: n4 may start now" in status.turns_text(config, statuses)
+    statuses = [node(f"n{i}", done) for i in range(1, 5)] + [node("n5", none, found=False)]  # its worker replaced
+    assert status.turns_text(config, statuses) == "now: 1 of 2 slot(s) taken (n5)"
+    assert status.turns_text(config, [node(f"n{i}", done) for i in range(1, 6)]) == "now: every node is at its stage"
+    statuses = [node("n1", done), node("n2", done), node("n3", none), {**node("n4", none), "ready": False},
+                node("n5", none)]
+    assert status.turns_text(config, statuses) == (
+        "now: 0 of 2 slot(s) taken; NotReady, first in line: n4; next: n3 may start now (a slot is free; its gate "
+        "counts capacity first); 1 more wait after it")
 
 
 def test_a_selector_matching_too_few_nodes_is_named():
@@ -231,8 +261,8 @@ def test_every_migrated_node_rechecks_its_own_batch():
     plan = plan_for(cfg)
     budgets = drain_budgets(cfg, plan)
     assert set(budgets) == {n for b in plan.batches for n in b.nodes}
-    for batch in plan.batches:
-        for name in batch.nodes:
-            assert budgets[name] == {"index": batch.index, "batch": list(batch.nodes),
-                                     "selector": DEFAULT_GPU_NODE_SELECTOR, "min_available": plan.budget.min_available,
-                                     "timeout": 600, "poll_interval": 5}
+    for turn in plan.batches:
+        # `batch` grows by the nodes in flight beside it once its slot comes (migration.in_flight).
+        assert budgets[turn.node] == {"index": turn.index, "round": (turn.index - 1) // 2 + 1, "batch": [turn.node],
+                                      "selector": DEFAULT_GPU_NODE_SELECTOR,
+                                      "min_available": plan.budget.min_available, "timeout": 600, "poll_interval": 5}

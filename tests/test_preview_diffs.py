@@ -30,17 +30,17 @@ CASES = {
     # readiness, operand placement and pending-pods report) are new; its fence runs again (it no longer requires IBM's
     # drivers); the deploy.operands=false labels go (the replacement is a new Node object without them).
     "stage ibm-managed -> device-plugin": (stage(IBM, "device-plugin"), {
-        "+": names(IBM, "replacement", "switch") | {"batch-3-gate"},
+        "+": names(IBM, "replacement", "switch") | {f"{IBM}-gate"},
         "-": names(IBM, "labels"), "~": {IBM}, "+-": names(IBM, "fence")}),
     "stage device-plugin -> dra": (stage(DP, "dra"), {
-        "+": names(DP, "smoke-verification") | {f"smoke-{DP}", "batch-2-dra-preflight"}, "-": set(),
-        "~": {DP}, "+-": names(DP, "switch") | {"batch-2-gate"}}),
+        "+": names(DP, "smoke-verification") | {f"smoke-{DP}", f"{DP}-dra-preflight"}, "-": set(),
+        "~": {DP}, "+-": names(DP, "switch") | {f"{DP}-gate"}}),
     # Rollback of the last dra node: the DRA path (driver, DeviceClass, preflight, namespace) and smoke test go away.
     "stage dra -> device-plugin (rollback)": (stage(DRA, "device-plugin"), {
         "+": set(),
-        "-": names(DRA, "smoke-verification") | {f"smoke-{DRA}", "device-class", "dra-driver", "batch-1-dra-preflight",
+        "-": names(DRA, "smoke-verification") | {f"smoke-{DRA}", "device-class", "dra-driver", f"{DRA}-dra-preflight",
                                                  "smoke-namespace", "dra-path"},
-        "~": {DRA}, "+-": names(DRA, "switch") | {"batch-1-gate"}}),
+        "~": {DRA}, "+-": names(DRA, "switch") | {f"{DRA}-gate"}}),
     "gpuOperator version or values": (lambda r: r["gpuOperator"].update(version="v25.10.2"), {
         "~": {"gpu-operator"}, "+": set(), "-": set(), "+-": set()}),
     "draDriver version or values": (lambda r: r["draDriver"]["values"].update(logVerbosity=6), {
@@ -52,7 +52,7 @@ CASES = {
     "smokeTest.image": (lambda r: r["smokeTest"].update(image="nvcr.io/nvidia/cuda:13.0.0-base-ubi9"), {
         "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification"}, "~": set(), "+": set(), "-": set()}),
     "timeouts": (lambda r: r["timeouts"].update(drain=900, operatorReady=1200), {
-        "~": {"batch-1-dra-preflight"}, "+": set(), "-": set(), "+-": set()}),
+        "~": {f"{DRA}-dra-preflight"}, "+": set(), "-": set(), "+-": set()}),
     "smokeTest.command": (lambda r: r["smokeTest"].update(command=["nvidia-smi", "-L"]), {
         "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification"}, "~": set(), "+": set(), "-": set()}),
     "IKS timeouts": (lambda r: r["timeouts"].update(masterUpdate=7200, workerReplace=7200, workerPool=7200), {
@@ -60,12 +60,13 @@ CASES = {
     "pilotLabel": (lambda r: r.update(pilotLabel="migration.example.com/gpu-dra=on"), {
         "~": {"dra-driver"},
         "+-": {f"smoke-{DRA}", f"{DRA}-smoke-verification", f"{DRA}-switch", f"{DP}-switch",
-               "batch-1-dra-preflight"},
+               f"{DRA}-dra-preflight"},
         "+": set(), "-": set()}),
     "tempGpuPool.enabled": (lambda r: r.update(tempGpuPool={"enabled": True, "flavor": "gx3.16x80.l4",
                                                             "zone": "us-south-1", "vpcId": "r006-v",
                                                             "subnetId": "0717-s"}), {
-        "+": {"temp-gpu-pool"}, "~": set(), "-": {"batch-2-gate"}, "+-": {"batch-1-gate", "batch-1-dra-preflight"}}),
+        # The slots grow by the pool's workers; no recorded gate or preflight runs again for that.
+        "+": {"temp-gpu-pool"}, "~": set(), "-": set(), "+-": set()}),
     "hooks": (lambda r: r.update(hooks={"beforeReplace": "./move.sh", "afterVerification": "./notify.sh"}), {
         "+": names(DRA, "before-replace-hook", "after-verification-hook")
         | names(DP, "before-replace-hook", "after-verification-hook"), "~": set(), "-": set(), "+-": set()}),

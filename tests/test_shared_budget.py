@@ -176,8 +176,9 @@ def test_gates_of_two_stacks_share_the_budget_and_the_release_lets_the_other_in(
         kube.add_node(kube.name(f"n{i}"), labels=GPU)
     n = [kube.name(f"n{i}") for i in range(1, 7)]
 
-    def gate(holder, batch, timeout=5.0):
-        props = {"kubeconfig": kube.kubeconfig, "index": 1, "batch": batch, "stages": dict.fromkeys(batch, "dra"),
+    def gate(holder, batch, timeout=5.0):  # batch[0]'s turn, the rest of `batch` in flight beside it
+        props = {"kubeconfig": kube.kubeconfig, "index": 1, "batch": batch[:1], "stages": {batch[0]: "dra"},
+                 "slot": {"peers": batch[1:], "freed_by": ""},
                  "after": [], "selector": "nvidia.com/gpu.present=true", "min_available": 1, "soak_seconds": 0,
                  "timeout": timeout, "poll_interval": 0.05, "shared": settings(kube, holder)}
         return _CapacityGateProvider().create(props).outs
@@ -188,7 +189,7 @@ def test_gates_of_two_stacks_share_the_budget_and_the_release_lets_the_other_in(
     text = str(e.value)
     assert "shared budget 'fleet': 4 of 3 node(s) out with this batch of 2 (claimed by other stacks, not out yet: " \
         f"{n[0]}, {n[1]}); claims of other stacks: org/gpu/pool-a: batch 1, 2 node(s) since" in text, text
-    assert "batch 1 was not started, none of its nodes was changed" in text
+    assert f"node {n[2]} was not started, nothing of it was changed" in text
     assert "--name fleet --release <stack>" in text and read(kube).keys() == {A}
     release = {"kubeconfig": kube.kubeconfig, "shared": settings(kube, A), "plan": "p1", "after": n[:2]}
     _SharedBudgetReleaseProvider().create(release)
@@ -196,6 +197,19 @@ def test_gates_of_two_stacks_share_the_budget_and_the_release_lets_the_other_in(
                                                                       read(kube)[B].renewed)}
     _SharedBudgetReleaseProvider().delete("id", {**release, "shared": settings(kube, B)})  # a destroyed stack
     assert read(kube) == {}
+
+
+def test_a_drain_keeps_the_stacks_other_nodes_in_its_claim():
+    """With slots a stack's claim is the nodes it has in flight: a gate writes its node and its peers; a drain
+    re-checking (merge) adds its nodes to the claim instead of dropping the nodes that started after its gate."""
+    now = "2026-12-08T10:00:00+00:00"
+    claims = {A: decide.Claim(3, ("a1", "a2", "a3"), now, now)}
+    drain = decide.admission(claims, 5, A, 1, ("a1",), now, "fleet", merge=True)
+    assert drain.open and drain.claims[A].nodes == ("a1", "a2", "a3") and drain.claims[A].index == 3
+    resumed = decide.admission({}, 5, A, 1, ("a1", "a0"), now, "fleet", merge=True)  # its claim was dropped
+    assert resumed.claims[A].nodes == ("a1", "a0")
+    gate = decide.admission(claims, 5, A, 4, ("a4", "a2", "a3"), now, "fleet")  # a1 done: it leaves the claim
+    assert gate.claims[A].nodes == ("a4", "a2", "a3")
 
 
 def test_a_missing_namespace_is_named(kube):

@@ -46,7 +46,7 @@ def test_pilot_declares_each_stage(pilot_run):
     assert f"{IBM_NODE}-replacement" not in run.names()
     assert {f"smoke-{DRA_NODE}", f"{DRA_NODE}-smoke-verification"} <= run.names()
     assert not {f"smoke-{DP_NODE}", f"smoke-{IBM_NODE}"} & run.names()
-    assert {"gpu-operator", "dra-driver", "device-class", "batch-1-dra-preflight", "smoke-namespace"} <= run.names()
+    assert {"gpu-operator", "dra-driver", "device-class", f"{DRA_NODE}-dra-preflight", "smoke-namespace"} <= run.names()
     replacement = run.named(f"{DP_NODE}-replacement").inputs
     assert (replacement["worker_id"], replacement["kube_version"]) == ("kube-pilot0001-gpu-00000102", "1.37")
     # Siblings are no longer passed (O(n^2) inputs at fleet scale), nor the batch's entries (the provider reads
@@ -55,10 +55,10 @@ def test_pilot_declares_each_stage(pilot_run):
     assert "single_gpu_node" not in replacement and "pool_rules" not in replacement  # at their defaults: not stored
     assert run.named(f"smoke-{DRA_NODE}").inputs["spec"]["nodeSelector"]["kubernetes.io/hostname"] == DRA_NODE
     # One preflight per batch with dra nodes, over that batch (kube/preflight.py preflight with the pilot label).
-    preflight = run.named("batch-1-dra-preflight").inputs
+    preflight = run.named(f"{DRA_NODE}-dra-preflight").inputs
     assert preflight["dra_nodes"] == [DRA_NODE] and preflight["all_nodes"] == [DRA_NODE]
     assert preflight["pilot_label"] == "migration.example.com/gpu-dra=pilot"
-    assert "batch-2-dra-preflight" not in run.names()
+    assert f"{DP_NODE}-dra-preflight" not in run.names()
     assert run.named("smoke-namespace").inputs["metadata"]["name"] == "gpu-pilot"
 
 
@@ -76,23 +76,24 @@ def test_device_plugin_resource_is_what_the_rollback_checks():
 
 def test_pilot_order(pilot_run):
     run = pilot_run
-    # Master first; then one node at a time (maxUnavailable 1), in config order, each batch after its gate. The next
-    # batch's gate is registered only once the previous batch is done (rollout.py), not through a dependency edge.
+    # Master first; then one node at a time (maxUnavailable 1: one slot), in config order, each after its gate. The
+    # next node's gate is registered only once a slot is free (rollout.py), not through a dependency edge.
     assert run.depends(f"{DRA_NODE}-replacement", "master-version")
-    assert run.depends(f"{DRA_NODE}-replacement", "batch-1-gate") and run.depends(f"{DP_NODE}-replacement", "batch-2-gate")
-    assert run.named("batch-2-gate").inputs["after"] == [DRA_NODE]
+    assert run.depends(f"{DRA_NODE}-replacement", f"{DRA_NODE}-gate")
+    assert run.depends(f"{DP_NODE}-replacement", f"{DP_NODE}-gate")
+    assert run.named(f"{DP_NODE}-gate").inputs["after"] == [DRA_NODE]
     order = [r.name for r in run.registered]
-    assert order.index(f"{DRA_NODE}-switch") < order.index("batch-2-gate")
+    assert order.index(f"{DRA_NODE}-switch") < order.index(f"{DP_NODE}-gate")
     # The rollback check, readiness, operand placement and pending GPU pods are steps of the node's switch
-    # (kube/switch.py): four resources per device-plugin node (GpuNode, fence, replacement, switch).
+    # (kube/switch.py): five resources per device-plugin node (GpuNode, fence, its gate, replacement, switch).
     assert not {f"{DRA_NODE}-{c}" for c in ("rollback", "operator-ready", "pending-gpu-pods", "operand-placement")
                 } & run.names()
     assert run.named(f"{DRA_NODE}-switch").inputs["operator_min_version"] == "1.36"
     assert [r.name for r in run.registered if r.name.startswith(DP_NODE)] == [
-        DP_NODE, f"{DP_NODE}-fence", f"{DP_NODE}-replacement", f"{DP_NODE}-switch"]
+        DP_NODE, f"{DP_NODE}-fence", f"{DP_NODE}-gate", f"{DP_NODE}-replacement", f"{DP_NODE}-switch"]
     # The inventory precedes everything that changes a node; the operand placement check follows the operator.
     for name in ("gpu-operator", "master-version", "dra-driver", "device-class", f"{DRA_NODE}-replacement",
-                 "batch-1-gate"):
+                 f"{DRA_NODE}-gate"):
         assert run.depends(name, "gpu-node-inventory")
     # ... and the inventory, like everything the stack declares, waits for the check that the kubeconfig's cluster is
     # clusterName (iks/identity.py).
@@ -115,15 +116,15 @@ def test_pilot_order(pilot_run):
     # switch, driver and DeviceClass are in place before the preflight, the smoke pod after it.
     assert run.depends("dra-driver", "master-version") and run.depends("device-class", "master-version")
     for dep in ("device-class", "dra-driver", f"{DRA_NODE}-switch"):
-        assert run.depends("batch-1-dra-preflight", dep)
-    assert run.named("batch-1-dra-preflight").inputs["device_class"] == "nvidia.com-gpu"
+        assert run.depends(f"{DRA_NODE}-dra-preflight", dep)
+    assert run.named(f"{DRA_NODE}-dra-preflight").inputs["device_class"] == "nvidia.com-gpu"
     assert run.depends(f"{DRA_NODE}-switch", f"{DRA_NODE}-replacement")
     assert run.named(f"{DRA_NODE}-switch").inputs["dra_namespace"] == "nvidia-dra-driver-gpu"
-    assert run.depends(f"smoke-{DRA_NODE}", "batch-1-dra-preflight")
+    assert run.depends(f"smoke-{DRA_NODE}", f"{DRA_NODE}-dra-preflight")
     assert run.depends(f"{DRA_NODE}-smoke-verification", f"smoke-{DRA_NODE}")
     # The next batch waits for the dra node's smoke verification too: it uncordons the node, which the next gate
     # would otherwise count as unavailable.
-    assert order.index(f"{DRA_NODE}-smoke-verification") < order.index("batch-2-gate")
+    assert order.index(f"{DRA_NODE}-smoke-verification") < order.index(f"{DP_NODE}-gate")
     assert run.named(f"{DRA_NODE}-smoke-verification").inputs["dra_namespace"] == "nvidia-dra-driver-gpu"
     # A device-plugin node's switch carries the rollback check; a dra node's does not.
     assert run.named(f"{DP_NODE}-switch").inputs["check_image"] and "check_image" not in run.named(
@@ -149,7 +150,7 @@ def test_validation_catches_a_bad_manifest(pilot_run, tmp_path):
 
 def test_prod_has_no_dra_yet(tmp_path):
     run = run_program(stack_config("prod"))
-    assert not {"dra-driver", "device-class", "batch-1-dra-preflight", "smoke-namespace"} & run.names()
+    assert not {"dra-driver", "device-class", f"{DRA_NODE}-dra-preflight", "smoke-namespace"} & run.names()
     assert [r.name for r in run.of_type(REPLACEMENT)] == ["10.241.0.21-replacement"]
     assert all(labels(run, n) == {"nvidia.com/gpu.deploy.operands": "false"}
                for n in ("10.241.0.22", "10.241.0.23", "10.241.0.24"))
@@ -162,8 +163,8 @@ def test_moving_a_node_to_dra_adds_labels_and_smoke_test():
     assert run.named(f"{DP_NODE}-switch").inputs["target"] == "dra"
     assert {f"smoke-{DP_NODE}", f"{DP_NODE}-smoke-verification"} <= run.names()
     assert "check_image" not in run.named(f"{DP_NODE}-switch").inputs
-    assert run.named("batch-1-dra-preflight").inputs["dra_nodes"] == [DRA_NODE]
-    assert run.named("batch-2-dra-preflight").inputs["dra_nodes"] == [DP_NODE]
+    assert run.named(f"{DRA_NODE}-dra-preflight").inputs["dra_nodes"] == [DRA_NODE]
+    assert run.named(f"{DP_NODE}-dra-preflight").inputs["dra_nodes"] == [DP_NODE]
 
 
 def test_rollback_keeps_device_class_while_another_node_is_dra():
@@ -177,7 +178,7 @@ def test_rollback_keeps_device_class_while_another_node_is_dra():
 def test_last_dra_node_rolled_back_removes_dra_path():
     run = run_program(pilot(**{DRA_NODE: "device-plugin"}))
     assert run.named(f"{DRA_NODE}-switch").inputs["target"] == "device-plugin"
-    assert not {"device-class", "dra-driver", "batch-1-dra-preflight"} & run.names()
+    assert not {"device-class", "dra-driver", f"{DRA_NODE}-dra-preflight"} & run.names()
 
 
 def test_chart_25_12_class_is_used_instead_of_a_second_one():
@@ -185,7 +186,7 @@ def test_chart_25_12_class_is_used_instead_of_a_second_one():
     raw["draDriver"]["version"] = "25.12.0"
     run = run_program(raw)
     assert "device-class" not in run.names()
-    assert run.named("batch-1-dra-preflight").inputs["device_class"] == "gpu.nvidia.com"
+    assert run.named(f"{DRA_NODE}-dra-preflight").inputs["device_class"] == "gpu.nvidia.com"
     raw["deviceSelectors"] = ["device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"]
     with pytest.raises(Exception, match="already mapped by the DRA chart's DeviceClass gpu.nvidia.com"):
         run_program(raw)

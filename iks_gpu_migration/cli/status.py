@@ -7,7 +7,7 @@ to find each node under its real name after replacement (output node:<key or nam
 to be renamed), then shows per node: worker ID and kubelet version, the
 configured stage and how far the node is through it, whether it is cordoned, and the last verification recorded on it
 by SmokeTestVerification or the switch's rollback check (annotation migration.example.com/gpu-verification); then the
-migration plan (batches, budget: iks_gpu_migration.plan).
+migration plan (order, slots, budget: iks_gpu_migration.plan) and which nodes hold the slots now and which wait.
 The stack file is validated first, as `pulumi preview` validates it (an invalid one: the same lines). Every other
 failure is one line on stderr naming what to fix; exit code 1.
 """
@@ -38,16 +38,16 @@ DEFAULTS = {name: f.default for name, f in MigrationConfig.model_fields.items()}
 
 
 def connect(path: str):
-    from kubernetes import config as kube_config
     from kubernetes.config.config_exception import ConfigException
 
+    from ..kube.clients import new_client  # bounded requests, a renewable exec/tokenFile credential
+
     try:
-        api = kube_config.new_client_from_config(config_file=path)
+        # One retry: the client's urllib3 default retries a dead server three times.
+        return new_client(path, retries=1)
     except (ConfigException, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise StatusError(f"kubeconfig {path} is not usable ({' '.join(str(e).split()) or type(e).__name__}); "
                           f"pass --kubeconfig PATH") from None
-    api.configuration.retries = 1  # the client's urllib3 default retries a dead server three times
-    return api
 
 
 # --- reading the cluster ----------------------------------------------------------------------------------------
@@ -106,6 +106,7 @@ class NodeFacts:
     allocatable: dict[str, str] = field(default_factory=dict)
     verification: Optional[dict] = None
     drained: Optional[dict] = None  # the drain recorded on the node (before its worker was replaced)
+    ready: bool = True  # its kubelet's Ready condition is True
 
 
 def node_facts(node) -> Optional[NodeFacts]:
@@ -117,7 +118,9 @@ def node_facts(node) -> Optional[NodeFacts]:
                      cordoned=bool(node.spec and node.spec.unschedulable),
                      allocatable=dict((node.status.allocatable if node.status else None) or {}),
                      verification=parse_verification(annotation),
-                     drained=parse_verification((node.metadata.annotations or {}).get(DRAIN_ANNOTATION)))
+                     drained=parse_verification((node.metadata.annotations or {}).get(DRAIN_ANNOTATION)),
+                     ready=any(c.type == "Ready" and c.status == "True"
+                               for c in ((node.status.conditions if node.status else None) or [])))
 
 
 def parse_verification(raw: Optional[str]) -> Optional[dict]:
@@ -209,7 +212,8 @@ def node_status(entry: dict, output: dict, facts: Optional[NodeFacts], config: d
     resource = config.get("devicePluginResourceName") or DEFAULTS["device_plugin_resource_name"]
     steps = progress(stage, facts, str(config.get("kubeVersion") or ""), (pilot_key, pilot_value), resource)
     shown = {k: facts.labels[k] for k in (pilot_key, *OPERATOR_LABELS) if k in facts.labels}
-    return {**out, "kubeVersion": facts.kubelet or None, "cordoned": facts.cordoned, "labels": shown,
+    return {**out, "kubeVersion": facts.kubelet or None, "cordoned": facts.cordoned, "ready": facts.ready,
+            "labels": shown,
             "steps": [{"step": s, "done": ok} for s, ok in steps], "verification": facts.verification}
 
 
@@ -223,7 +227,9 @@ def table_row(status: dict) -> dict[str, str]:
                 "verification": "-"}
     steps = [(s["step"], s["done"]) for s in status["steps"]]
     return {"node": node, "worker": status["workerId"] or "-", "kube": status["kubeVersion"] or "-",
-            "stage": status["stage"], "progress": describe_progress(steps) if steps else "-",
+            "stage": status["stage"],
+            "progress": (describe_progress(steps) if steps else "-") + ("" if status.get("ready", True) else
+                                                                        ", NotReady"),
             "cordoned": "yes" if status["cordoned"] else "no", "drained": describe_drain(status.get("drained")),
             "verification": describe_verification(status["verification"])}
 
@@ -234,17 +240,56 @@ def table(data: list[dict[str, str]]) -> str:
     return "\n".join("  ".join(v.ljust(widths[c]) for c, v in zip(COLUMNS, line)).rstrip() for line in lines)
 
 
+def plan_of(config: dict):
+    """The plan `pulumi up` follows for these nodes and budget keys (iks_gpu_migration.plan); ValueError if none."""
+    nodes = [Node.model_validate(n) for n in config.get("nodes") or []]
+    pool = TempGpuPool.model_validate(config.get("tempGpuPool") or {})
+    surge = pool.size_per_zone if pool.enabled else 0
+    return make_plan(nodes, parse_max_unavailable(config.get("maxUnavailable", 1)), surge,
+                     float(config.get("batchSoakSeconds") or 0), pool.name)
+
+
 def plan_text(config: dict) -> str:
-    """The plan `pulumi up` follows for these nodes and budget keys (iks_gpu_migration.plan), or why there is none."""
+    """The plan, or why there is none."""
     try:
-        nodes = [Node.model_validate(n) for n in config.get("nodes") or []]
-        pool = TempGpuPool.model_validate(config.get("tempGpuPool") or {})
-        surge = pool.size_per_zone if pool.enabled else 0
-        plan = make_plan(nodes, parse_max_unavailable(config.get("maxUnavailable", 1)), surge,
-                         float(config.get("batchSoakSeconds") or 0), pool.name)
+        return plan_of(config).render()
     except ValueError as e:  # pydantic's ValidationError and PlanError are ValueErrors
         return f"no migration plan: {e}"
-    return plan.render()
+
+
+def turn_of(status: dict) -> str:
+    """Where a node past ibm-managed is in the run as the cluster shows it: done (every step shown), waiting (nothing
+    started: no step shown, not cordoned), else in flight (a slot taken: cordoned, its node gone while its worker is
+    replaced, or part of its steps shown)."""
+    steps = [s["done"] for s in status["steps"]]
+    if status["found"] and steps and all(steps):
+        return "done"
+    if status["found"] and not status["cordoned"] and not any(steps):
+        return "waiting" if status.get("ready", True) else "NotReady"
+    return "in flight"
+
+
+def turns_text(config: dict, statuses: list[dict]) -> str:
+    """Which nodes hold the slots now and which node waits for what (the same order `up` follows: plan/slots.py)."""
+    try:
+        plan = plan_of(config)
+    except ValueError:
+        return ""
+    turn = {s["configuredName"]: turn_of(s) for s in statuses}
+    in_flight = [t.node for t in plan.batches if turn.get(t.node) == "in flight"]
+    waiting = [t.node for t in plan.batches if turn.get(t.node) == "waiting"]
+    broken = [t.node for t in plan.batches if turn.get(t.node) == "NotReady"]
+    if not in_flight and not waiting and not broken:
+        return "now: every node is at its stage"
+    text = f"now: {len(in_flight)} of {plan.slots} slot(s) taken" + (f" ({', '.join(in_flight)})" if in_flight else "")
+    if broken:  # out already: they count against the budget and take the first slots (kube/inventory.py out_already)
+        text += f"; NotReady, first in line: {', '.join(broken)}"
+    if waiting:
+        why = ("waits for a node in flight to be done" if len(in_flight) >= plan.slots
+               else "may start now (a slot is free; its gate counts capacity first)")
+        more = f"; {len(waiting) - 1} more wait after it" if len(waiting) > 1 else ""
+        text += f"; next: {waiting[0]} {why}{more}"
+    return text
 
 
 # --- doing ------------------------------------------------------------------------------------------------------
@@ -277,7 +322,8 @@ def collect(stack: str, kubeconfig: Optional[str] = None, project_dir: Path = PR
                     raise StatusError(hint) from None
                 raise
             nodes.append(node_status(entry, output, facts, config))
-    return {"stack": stack, "kubeconfig": path, "notes": notes, "nodes": nodes, "plan": plan_text(config)}
+    plan = "\n".join(filter(None, [plan_text(config), turns_text(config, nodes)]))
+    return {"stack": stack, "kubeconfig": path, "notes": notes, "nodes": nodes, "plan": plan}
 
 
 def status_text(stack: str, kubeconfig: Optional[str] = None, project_dir: Path = PROJECT_DIR,

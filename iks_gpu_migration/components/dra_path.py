@@ -1,5 +1,5 @@
 """DraPath: what the DRA path needs once any node is `dra`: the DRA driver's Helm release, the DeviceClass that backs
-the extended resource with whole GPUs of that driver, the smoke tests' namespace, and per batch a preflight before
+the extended resource with whole GPUs of that driver, the smoke tests' namespace, and per dra node a preflight before
 its smoke tests. Removed (after all updates) once no node is `dra`.
 """
 from typing import TYPE_CHECKING, Optional
@@ -94,15 +94,15 @@ class DraPath(pulumi.ComponentResource):
         self.register_outputs({})
 
     def verify_batch(self, index: int, members: list["GpuNode"]) -> None:
-        """A batch's dra nodes: its preflight, then their smoke tests, whose verification uncordons them before the
-        next batch's gate counts them. Per batch, not one preflight over every node: that one would wait for later
-        batches' switches while they wait for this batch to be verified."""
+        """A node's turn (`members`: the node), if dra: its preflight, then its smoke test, whose verification
+        uncordons it before its slot frees. Per node, not one preflight over every node: that one would wait for
+        later nodes' switches while they wait for a slot."""
         cfg, t = self.cfg, self.cfg.timeouts
         dra_members = [n for n in members if n.node.stage == "dra"]
         if not dra_members:
             return
         preflight = DraPreflight(
-            f"batch-{index}-dra-preflight",
+            f"{members[0].node.ident}-dra-preflight",
             kubeconfig=cfg.kubeconfig,
             driver=cfg.dra_driver_name,
             extended_resource=cfg.extended_resource_name,
@@ -110,7 +110,7 @@ class DraPath(pulumi.ComponentResource):
             all_nodes=[n.hostname for n in members],
             device_plugin_resource=cfg.device_plugin_resource,
             device_class=device_class_name(cfg.extended_resource_name) if self.own_class else charts.CHART_CLASS,
-            pilot_label=cfg.pilot_label,  # dra nodes of other batches may publish (kube/preflight.py)
+            pilot_label=cfg.pilot_label,  # other dra nodes may publish (kube/preflight.py)
             timeout=t.operator_ready,
             poll_interval=t.poll_interval,
             opts=pulumi.ResourceOptions(

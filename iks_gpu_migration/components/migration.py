@@ -4,10 +4,10 @@
   listed; nothing is touched before) -> master version ->
   [temporary GPU pool] -> every node's fence (GpuNode) -> the GPU Operator, only once every node that keeps IBM's
   drivers is fenced, and its operand-placement check (GpuOperator) -> [DRA driver + DeviceClass after the master
-  (DraPath)] -> the plan's batches (Rollout: a CapacityGate per batch, registered only once the previous batch is
-  done), each node of a batch: [beforeReplace hook] -> worker replacement (budget re-check, drain, replaceWorker) ->
-  path switch -> [rollback check] -> operator readiness -> operand placement -> pending GPU pods; per batch with dra
-  nodes: DRA preflight -> smoke pods -> smoke verification (which uncordons) -> [afterVerification hook].
+  (DraPath)] -> the plan's turns (Rollout: a CapacityGate per node, registered only once a slot is free: at most
+  maxUnavailable + surge nodes in flight), each node: [beforeReplace hook] -> worker replacement (budget re-check,
+  drain, replaceWorker) -> path switch -> [rollback check] -> operator readiness -> operand placement -> pending GPU
+  pods; a dra node: DRA preflight -> smoke pod -> smoke verification (which uncordons) -> [afterVerification hook].
 """
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -73,15 +73,22 @@ def eviction_settings(cfg: MigrationConfig, temp_pool: Any) -> dict[str, Any]:
 def drain_budgets(cfg: MigrationConfig, plan: Plan, shared: Optional[dict[str, Any]] = None
                   ) -> dict[str, dict[str, Any]]:
     """Per migrated node (configured name): what its replacement checks again right before each drain
-    (kube/drain_budget.py): its batch as the gate admitted it, the gate's selector and budget (and the shared
-    budget's settings, if any), bounded like the gate."""
+    (kube/drain_budget.py): the gate's selector and budget (and the shared budget's settings, if any), bounded like
+    the gate; `batch` (the node and the nodes in flight beside it, as its gate admitted it) comes with its slot
+    (in_flight). `round`: the set of slots it started in (workerPoolRules.canary everyBatch)."""
     budgets: dict[str, dict[str, Any]] = {}
-    for batch in plan.batches:
-        budget = {"index": batch.index, "batch": list(batch.nodes), "selector": cfg.gpu_node_selector,
-                  "min_available": plan.budget.min_available, "timeout": cfg.timeouts.capacity_gate,
-                  "poll_interval": cfg.timeouts.poll_interval, **({"shared": shared} if shared else {})}
-        budgets.update(dict.fromkeys(batch.nodes, budget))
+    for turn in plan.batches:
+        budgets[turn.node] = {"index": turn.index, "round": turn.round, "batch": [turn.node],
+                              "selector": cfg.gpu_node_selector, "min_available": plan.budget.min_available,
+                              "timeout": cfg.timeouts.capacity_gate, "poll_interval": cfg.timeouts.poll_interval,
+                              **({"shared": shared} if shared else {})}
     return budgets
+
+
+def in_flight(budget: dict[str, Any], slot: pulumi.Output) -> dict[str, Any]:
+    """`budget` whose `batch` is the node and the nodes in flight beside it when its slot came (components/slots.py)."""
+    node = budget["batch"][0]
+    return {**budget, "batch": slot.apply(lambda s: [node, *[p for p in s["peers"] if p != node]])}
 
 
 def declare(cfg: MigrationConfig) -> Declared:
@@ -130,9 +137,9 @@ def roll_out(cfg: MigrationConfig, out: Declared, gpu_nodes: list[GpuNode], afte
     out.nodes = {n.node.ident: n for n in gpu_nodes}
     out.gates = rollout.Rollout(
         out.plan, {n.node.name: n for n in gpu_nodes}, cfg, after,
-        lambda gpu_node, deps: gpu_node.migrate(deps, operator_namespace,
-                                                {**evict, "budget": budgets[gpu_node.node.name]}), first_after,
-        verify_batch, shared).gates
+        lambda gpu_node, deps, slot: gpu_node.migrate(
+            deps, operator_namespace, {**evict, "budget": in_flight(budgets[gpu_node.node.name], slot)}), first_after,
+        verify_batch, shared, out.inventory.resume_first).gates
     for gpu_node in gpu_nodes:
         gpu_node.register_outputs({"stage": gpu_node.node.stage})
         if gpu_node.node.stage != "ibm-managed":

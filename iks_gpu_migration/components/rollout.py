@@ -1,41 +1,39 @@
-"""Rollout: the plan's batches declared, a CapacityGate per batch, the batch's nodes after it, the next batch after them.
+"""Rollout: the plan's turns declared, a CapacityGate per node, each node's steps after its gate; at most `slots`
+nodes in flight, the next one starting as soon as one of them is done (plan/slots.py decides, components/slots.py
+follows the engine).
 
-Why the order between batches is not a `depends_on` chain: the SDK's cycle check walks every transitive dependency of
-each new edge (sdk_workarounds.py, 2.); a chain through all nodes makes that walk O(n) per edge, O(n^2) per program,
-and recursion O(n) deep: 1000 nodes raised RecursionError.
-
-Instead the next batch's gate takes an input (`after`) whose future resolves only once every node of the previous
-batch is done, and which carries no resources. The SDK registers a resource only after its inputs resolve, and the
-engine answers RegisterResource only once the step finished, so batch i+1 reaches the engine after batch i is done,
-while the dependency graph stays a constant depth per node. A failed node makes that future fail: the next gate is
-never registered, later batches never start, and nodes already running finish (the engine lets in-flight steps end).
-In preview nothing runs, so the gates get the same value (the previous batch's configured names) at once instead of
-waiting for the previous batch's registrations: preview stays O(n) even at one node per batch, and shows every batch.
+Why the order is not a `depends_on` chain: the SDK's cycle check walks every transitive dependency of each new edge
+(sdk_workarounds.py, 2.); a chain through all nodes makes that walk O(n) per edge, O(n^2) per program, and recursion
+O(n) deep: 1000 nodes raised RecursionError. Instead each gate takes an input (`slot`) whose future resolves only once
+the node may start, and which carries no resources. The SDK registers a resource only after its inputs resolve, and
+the engine answers RegisterResource only once the step finished, so a node's gate reaches the engine only once a slot
+is free, while the dependency graph stays a constant depth per node. A failed node makes the turns not yet given fail:
+those gates are never registered, and nodes in flight finish (the engine lets in-flight steps end). In preview nothing
+runs: every turn resolves at once and preview shows every node.
 """
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import pulumi
 
 from ..kube import capacity_gate, shared_budget
 from ..plan import Batch, Plan
-from ..sdk_workarounds import edge_free
-from ..state_compat import WAS_AT_ROOT
+from . import slots
 
 if TYPE_CHECKING:
     from .gpu_node import GpuNode
 
 
-# Steps that may run beside a batch's nodes (each node runs one step at a time): the batch's gate and DRA preflight,
-# chart upgrades, the next batch's gate once this one is done.
+# Steps that may run beside the nodes in flight (each node runs one step at a time, its gate and DRA preflight
+# included): chart upgrades, the shared budget's release.
 PARALLEL_HEADROOM = 8
 
 
 def parallel_needed(batch_size: int) -> int:
-    """The `--parallel` under which every node of a batch progresses at once (the engine runs at most `--parallel`
-    steps together: pkg/resource/deploy/step_executor.go; its default is 4 x CPUs, pkg/cmd/pulumi/operations/up.go
-    `defaultParallel`). The dynamic-provider host is no bound (sdk_workarounds.widen_provider_host)."""
+    """The `--parallel` under which every node in flight (`batch_size`: the slots) progresses at once (the engine runs
+    at most `--parallel` steps together: pkg/resource/deploy/step_executor.go; its default is 4 x CPUs,
+    pkg/cmd/pulumi/operations/up.go `defaultParallel`). The dynamic-provider host is no bound (sdk_workarounds.widen_provider_host)."""
     return batch_size + PARALLEL_HEADROOM
 
 
@@ -51,12 +49,15 @@ def show(plan: Plan) -> None:
     if pulumi.runtime.is_dry_run():
         pulumi.log.info(plan.render())
     parallel, needed = engine_parallel(), parallel_needed(plan.budget.batch_size)
-    if parallel is not None and parallel < needed and plan.batches:
+    if parallel is not None and parallel < needed and plan.batches and not _WARNED:
+        _WARNED.append(parallel)  # once per program run
         pulumi.log.warn(
-            f"batches of {plan.budget.batch_size} nodes, but the engine runs at most {parallel} steps at once "
-            f"(`--parallel`, default 4 x CPUs): fewer nodes of a batch than it holds progress together. Run "
-            f"`pulumi up --parallel {needed}` (batch size + {PARALLEL_HEADROOM}) or more (docs/fleet-scale.md)"
-        )
+            f"run `pulumi up --parallel {needed}`: {min(plan.slots, len(plan.batches))} nodes may be in flight at "
+            f"once, but `--parallel` {parallel} lets the engine run only {parallel} steps together "
+            f"(docs/fleet-scale.md)")
+
+
+_WARNED: list[int] = []
 
 
 def holder() -> str:
@@ -87,100 +88,64 @@ def plan_fingerprint(plan: Plan, cfg: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class BatchStopped(RuntimeError):
-    """A node of the previous batch failed, so this batch was not started."""
-
-
-def when_done(batch: Batch, nodes: Sequence["GpuNode"], next_index: int, stopped: str = "") -> pulumi.Output:
-    """`batch.nodes` (the configured names, the same value preview shows), resolved only once every node of the batch
-    is done; carries no resources on purpose (see the module docstring). `stopped`: what a failure holds back
-    (default: the later batches)."""
-    stopped = stopped or f"batch {next_index} and later were not started"
-
-    async def wait() -> list[str]:
-        for gpu_node in nodes:
-            try:  # the node's last checks before the next batch may go (GpuNode.done_by)
-                for resource in gpu_node.done_by:
-                    await resource.urn.future()
-            except BatchStopped:
-                raise  # an earlier batch failed: say so once, not nested per batch
-            except Exception as e:  # noqa: BLE001 - any failure of the node stops later batches
-                raise BatchStopped(
-                    f"{stopped}: node {gpu_node.node.name} of batch "
-                    f"{batch.index} did not finish ({e}); fix it and run `pulumi up` again "
-                    f"(finished nodes are not redone)"
-                ) from None
-        return list(batch.nodes)
-
-    return edge_free(wait())
-
-
 class Rollout(pulumi.ComponentResource):
-    """The plan's batches: one CapacityGate per batch (children of this component); each node of a batch migrates
-    (`migrate(node, after)`) after its gate and `after` (inventory, master, temporary pool). `first_after` (a
-    `once_done([], ...)` value) holds the first gate back without a dependency edge, e.g. until the GPU Operator runs
-    on the temporary pool. `finish(index, members)` declares what verifies a batch once its nodes are declared
-    (before the next batch's gate waits for them)."""
+    """The plan's turns: one CapacityGate per node (children of this component); each node migrates
+    (`migrate(node, after, slot)`) after its gate and `after` (inventory, master, temporary pool), `slot` being the
+    node's turn (the nodes in flight beside it). `first_after` (a `once_done([], ...)` value) holds the first gates
+    back without a dependency edge, e.g. until the GPU Operator runs on the temporary pool. `finish(index, members)`
+    declares what verifies a node once its steps are declared (before its slot frees). `resume_first`: the nodes an
+    earlier run left cordoned (the inventory's), which take the first slots."""
 
     def __init__(self, plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after: list[pulumi.Resource],
-                 migrate: Callable[["GpuNode", list[pulumi.Resource]], None],
+                 migrate: Callable[["GpuNode", list[pulumi.Resource], pulumi.Output], None],
                  first_after: Optional[pulumi.Output] = None,
                  finish: Optional[Callable[[int, list["GpuNode"]], None]] = None,
-                 shared: Optional[dict[str, Any]] = None):
+                 shared: Optional[dict[str, Any]] = None, resume_first: Optional[pulumi.Output] = None):
         super().__init__("gpu-migration:index:Rollout", "rollout")
         self.shared = shared  # shared_settings(cfg)
         self.gates: list[capacity_gate.CapacityGate] = []
-        previous: Optional[tuple[Batch, list["GpuNode"]]] = None
         preview = pulumi.runtime.is_dry_run()
-        for batch in plan.batches:
-            if previous is None and first_after is not None:
-                waits_for: Any = first_after
-            elif preview or previous is None:
-                waits_for = list(batch.after)
-            else:  # made only when a later batch awaits it (an unawaited failure would be reported twice)
-                waits_for = when_done(*previous, batch.index)
-            gate = self._gate(batch, plan, gpu_nodes, cfg, waits_for, after)
-            members = [gpu_nodes[name] for name in batch.nodes]
-            for gpu_node in members:
-                migrate(gpu_node, [*after, gate])
+        self.turns = slots.SlotTurns(plan, preview, first_after, resume_first)
+        members: list["GpuNode"] = []
+        for turn in plan.batches:
+            gpu_node, slot = gpu_nodes[turn.node], self.turns.turn(turn.node)
+            gate = self._gate(turn, plan, gpu_node, cfg, slot, after)
+            migrate(gpu_node, [*after, gate], slot)
             if finish is not None:
-                finish(batch.index, members)
-            previous = (batch, members)
-        self.budget_release = self._release(plan, cfg, previous, preview)
+                finish(turn.index, [gpu_node])
+            members.append(gpu_node)
+        self.turns.watch(members)
+        self.budget_release = self._release(plan, cfg, preview)
         self.register_outputs({})
 
-    def _release(self, plan: Plan, cfg: Any, last: Optional[tuple[Batch, list["GpuNode"]]], preview: bool
-                 ) -> Optional[shared_budget.SharedBudgetRelease]:
-        """With a shared budget: after the last batch, the stack's claim goes (each gate already dropped the claim of
-        the batch before it)."""
+    def _release(self, plan: Plan, cfg: Any, preview: bool) -> Optional[shared_budget.SharedBudgetRelease]:
+        """With a shared budget: after the last node, the stack's claim goes (each gate already replaced it with the
+        nodes in flight)."""
         shared = self.shared
-        if shared is None or last is None:
+        if shared is None or not plan.batches:
             return None
-        batch = last[0]
-        after = list(batch.nodes) if preview else when_done(
-            *last, batch.index + 1, stopped=f"the claim of batch {batch.index} in {shared_budget.settings_text(shared)}"
-                                            f" stays held")
         return shared_budget.SharedBudgetRelease(
             "shared-budget-release", kubeconfig=cfg.kubeconfig, shared=shared, plan=plan_fingerprint(plan, cfg),
-            after=after, opts=pulumi.ResourceOptions(parent=self))
+            after=self.turns.all_done(), opts=pulumi.ResourceOptions(parent=self))
 
-    def _gate(self, batch: Batch, plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, waits_for: Any,
+    def _gate(self, turn: Batch, plan: Plan, gpu_node: "GpuNode", cfg: Any, slot: pulumi.Output,
               after: list[pulumi.Resource]) -> capacity_gate.CapacityGate:
         gate = capacity_gate.CapacityGate(
-            batch.gate_name,
+            turn.gate_name,
             kubeconfig=cfg.kubeconfig,
-            index=batch.index,
-            batch=batch.nodes,
-            stages={name: gpu_nodes[name].node.stage for name in batch.nodes},
+            index=turn.index,
+            batch=turn.nodes,
+            stages={turn.node: gpu_node.node.stage},
             kube_version=cfg.kube_version,
-            after=waits_for,
+            after=list(turn.after),
+            slot=slot,
             selector=cfg.gpu_node_selector,
             min_available=plan.budget.min_available,
-            soak_seconds=batch.soak_seconds,
+            soak_seconds=turn.soak_seconds,
             timeout=cfg.timeouts.capacity_gate,
             poll_interval=cfg.timeouts.poll_interval,
             shared=self.shared,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=after, aliases=WAS_AT_ROOT),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=after),
         )
         self.gates.append(gate)
         return gate

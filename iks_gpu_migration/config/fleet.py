@@ -26,8 +26,9 @@ class WorkerPoolRules(Model):
     # Managed by the cluster autoscaler (autoscaleEnabled, or enabled in kube-system/iks-ca-configmap).
     allow_autoscaling: list[str] = []
     # Which replacement proves a pool and zone can bring a worker back before others there go (iks/pool_rules.py):
-    # the run's first (once) or each batch's first (everyBatch: a stock-out later in the run costs one node, not the
-    # pool and zone's replacements then in flight; each batch waits one more replacement time per pool and zone).
+    # the run's first (once) or the first of each round of `slots` nodes in list order (everyBatch: a stock-out later
+    # in the run costs one node, not the pool and zone's replacements then in flight; each round waits one more
+    # replacement time per pool and zone).
     canary: Literal["once", "everyBatch"] = "once"
 
     @field_validator("allow_rebalancing_off", "allow_autoscaling")

@@ -73,8 +73,10 @@ def autoscaler_pools(props: dict[str, Any]) -> frozenset[str]:
 
 
 def batch_of(props: dict[str, Any]) -> Any:
-    """The batch index of a replacement (its drain budget's, components/migration.py drain_budgets); None without."""
-    return ((props.get("evict") or {}).get("budget") or {}).get("index")
+    """The round of a replacement (the set of slots it started in: components/migration.py drain_budgets; before
+    slots, its batch index); None without a budget."""
+    budget = (props.get("evict") or {}).get("budget") or {}
+    return budget.get("round", budget.get("index"))
 
 
 def canary_timeout(props: dict[str, Any]) -> float:

@@ -1,16 +1,18 @@
-"""CapacityGate: a batch of the plan starts only when the cluster can spare it.
+"""CapacityGate: a node of the plan starts only when the cluster can spare it.
 
-Reads every Node with the official kubernetes client and opens once, with the whole batch out, at least
-`min_available` GPU nodes (matching gpuNodeSelector) are Ready and schedulable (plan.gate_decision): nodes cordoned,
-NotReady or gone for any reason - maintenance, a node migrating outside this run, a node this program cordoned - count
-against the budget. Batch members are found by name or, once replaced (renamed), by the config entry their readiness
-check recorded on the Node. Waits (after an optional soak) bounded by timeouts.capacityGate, logging what it counts; a timeout names the
-unavailable nodes and leaves the batch untouched.
+Registered once the node has a slot (components/slots.py); reads every Node with the official kubernetes client and
+opens once, with the node and the nodes in flight beside it (`slot.peers`) out, at least `min_available` GPU nodes
+(matching gpuNodeSelector) are Ready and schedulable (plan.gate_decision): nodes cordoned, NotReady or gone for any
+reason - maintenance, a node migrating outside this run, a node broken before the run - count against the budget, so
+such nodes take slots (Karpenter: allowed disruptions = budget - deleting - NotReady). The node and its peers are found
+by name or, once replaced (renamed), by the config entry their readiness check recorded on the Node. Waits (after the
+soak, when a node's end freed the slot) bounded by timeouts.capacityGate, logging what it counts; a timeout names the
+unavailable nodes and leaves the node untouched.
 
-Re-runs (replace) when its batch, the batch's stages, the budget or kubeVersion change, so dra switches and the
-replacements of a kubeVersion bump are gated like first replacements; an unchanged batch keeps its recorded gate,
-so a resumed `up` does not wait or soak again; each node of the batch checks the budget again right before its drain
-(kube/drain_budget.py), on every run.
+Re-runs (replace) when its node, its stage, the budget or kubeVersion change, so dra switches and the replacements of
+a kubeVersion bump are gated like first replacements; an unchanged gate keeps its record, so a resumed `up` does not
+wait or soak again (the slot is an input that steers a run only: which nodes are in flight differs every run); each
+node checks the budget again right before its drain (kube/drain_budget.py), on every run.
 """
 import time
 from typing import Any, Optional, Sequence
@@ -50,6 +52,9 @@ def node_view(node: dict) -> plan.NodeView:
 class _CapacityGateProvider(_Provider):
     # kube_version: a kubeVersion bump replaces every migrated worker again, batch by batch behind its gate (issue 10).
     rerun_on = ("batch", "stages", "min_available", "selector", "kube_version")
+    # The rest steers a run only: the slot (nodes in flight, the node that freed it) differs every run; the node's
+    # position, the timeouts and the shared budget's settings (its stack's node count) change when other entries do.
+    kept = (*rerun_on, "kubeconfig")
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # A gate leaves nothing behind: the new one may check before the old record goes (no delete first).
@@ -63,25 +68,29 @@ class _CapacityGateProvider(_Provider):
 
     def run(self, api, p):
         p = {**p, "index": int(p["index"])}  # numbers come back from the engine as floats
-        what = f"capacity for batch {p['index']} ({', '.join(p['batch'])})"
+        slot = p.get("slot") or {}
+        peers = [n for n in slot.get("peers") or [] if n not in p["batch"]]
+        members = [*p["batch"], *peers]
+        what = f"capacity for node {', '.join(p['batch'])}" + (f" beside {len(peers)} in flight ({', '.join(peers)})"
+                                                              if peers else "")
         soak = float(p.get("soak_seconds") or 0)
-        if soak and p.get("after"):
+        if soak and slot.get("freed_by"):
             started = time.monotonic()
-            wait_for(f"soak of {soak:g}s after batch {p['index'] - 1} before {what}",
+            wait_for(f"soak of {soak:g}s after node {slot['freed_by']} before {what}",
                      lambda: (time.monotonic() - started >= soak, None, "soaking"),
                      timeout=soak + 60, interval=min(soak, float(p.get("poll_interval") or 15)))
-
         shared, held_back = p.get("shared"), {"locally": True}
 
         def poll():
             views = node_views(client.CoreV1Api(api))
-            decision = plan.gate_decision(views, p["batch"], p["selector"], int(p["min_available"]))
+            decision = plan.gate_decision(views, members, p["selector"], int(p["min_available"]))
             held_back["locally"] = not decision.open
             if not shared:
                 return decision.open, decision, decision.state
-            # The shared budget after the stack's own: a batch claims room there only once it may go out here. The
-            # fleet's unavailable GPU nodes count there whichever stack (or nobody) took them out.
-            admission = shared_budget.try_admit(api, shared, p["index"], list(p["batch"]), decision.open, views,
+            # The shared budget after the stack's own: a node claims room there only once it may go out here; the
+            # stack's claim becomes the node and its peers (the nodes no longer in flight leave it). The fleet's
+            # unavailable GPU nodes count there whichever stack (or nobody) took them out.
+            admission = shared_budget.try_admit(api, shared, p["index"], members, decision.open, views,
                                                 p["selector"], p.get("kubeconfig"))
             return decision.open and admission.open, decision, f"{decision.state}; {admission.state}"
 
@@ -91,18 +100,18 @@ class _CapacityGateProvider(_Provider):
             advice = ("Make the unavailable GPU nodes available (uncordon or repair them), raise "
                       "gpu-migration:maxUnavailable, or enable gpu-migration:tempGpuPool for surge capacity, then "
                       "run `pulumi up` again" if held_back["locally"] else shared_budget.timeout_advice(shared))
-            raise CheckFailed(f"{e}\nbatch {p['index']} was not started, none of its nodes was changed. {advice}"
-                              ) from None
-        pulumi.log.info(f"batch {p['index']} starts: {decision.state}")
+            raise CheckFailed(f"{e}\nnode {', '.join(p['batch'])} was not started, nothing of it was changed. "
+                              f"{advice}") from None
+        pulumi.log.info(f"node {', '.join(p['batch'])} starts: {decision.state}")
         if decision.missed_count:  # counted short, so never too many out: go on, but say whom the budget misses
-            pulumi.log.warn(f"batch {p['index']}: the capacity budget does not count every GPU node"
+            pulumi.log.warn(f"node {', '.join(p['batch'])}: the capacity budget does not count every GPU node"
                             f"{decision.missed_text}")
         return {"opened": decision.state}
 
 
 class CapacityGate(Resource, module="gpu-migration", name="CapacityGate"):
-    """Opens when the cluster keeps `min_available` GPU nodes available with `batch` out; nodes of the batch
-    depend on it."""
+    """Opens when the cluster keeps `min_available` GPU nodes available with `batch` (the node) and `slot["peers"]`
+    (the nodes in flight beside it) out; the node's steps depend on it."""
 
     opened: pulumi.Output[str]
 
@@ -121,6 +130,7 @@ class CapacityGate(Resource, module="gpu-migration", name="CapacityGate"):
         timeout: pulumi.Input[float],
         poll_interval: pulumi.Input[float],
         shared: Optional[dict[str, Any]] = None,
+        slot: Optional[pulumi.Input[dict]] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
     ):
         props: dict[str, Any] = dict(kubeconfig=kubeconfig, index=index, batch=list(batch), stages=stages,
@@ -130,4 +140,6 @@ class CapacityGate(Resource, module="gpu-migration", name="CapacityGate"):
                                      opened=None)
         if shared:  # only then: the gates of stacks without one keep their inputs (no diff)
             props["shared"] = shared
+        if slot is not None:  # components/slots.py: {"peers": [...], "freed_by": name or ""}
+            props["slot"] = slot
         super().__init__(_CapacityGateProvider(), name, props, opts)

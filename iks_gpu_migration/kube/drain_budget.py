@@ -1,10 +1,10 @@
 """Right before each node's drain: the capacity budget again, as the cluster is at that moment (issue 17).
 
-The CapacityGate admitted the node's batch once; between then and this node's drain other GPU nodes may have gone
-NotReady or been cordoned (maintenance, a migration outside this run, a dra node held for its smoke test). So the
-gate's decision is taken again (plan.drain_decision): the batch-mates are out by admission, only what is unavailable
-beyond the admitted batch counts. WorkerReplacementProvider calls this each time a replacement is about to drain,
-also on a resumed `up` (a gate recorded by an earlier run is not run again); a replacement whose replaceWorker was
+The CapacityGate admitted the node (with the nodes in flight beside it: its `batch`) once; between then and this
+node's drain other GPU nodes may have gone NotReady or been cordoned (maintenance, a migration outside this run, a dra
+node held for its smoke test). So the gate's decision is taken again (plan.drain_decision): the node and the nodes in
+flight when it was admitted are out by admission, only what is unavailable beyond them counts.
+WorkerReplacementProvider calls this each time a replacement is about to drain, also on a resumed `up` (a gate recorded by an earlier run is not run again); a replacement whose replaceWorker was
 already requested does not drain, so it never waits here (its node is out already).
 
 With a shared budget (gpu-migration:sharedBudget) the fleet's budget is asked again too: the stack's claim must
@@ -41,7 +41,8 @@ def hold_for_budget(node: str, settings: dict[str, Any]) -> None:
 
     batch, selector, needed = list(budget["batch"]), budget["selector"], int(budget["min_available"])
     shared = budget.get("shared")
-    what = f"capacity to drain node {node} of batch {int(budget.get('index') or 0)} ({', '.join(batch)})"
+    what = f"capacity to drain node {node}" + (f" beside {', '.join(b for b in batch if b != node)} in flight"
+                                              if len(batch) > 1 else "")
     with api_client(settings.get("kubeconfig")) as api:
         core = client.CoreV1Api(api)
 
@@ -53,7 +54,7 @@ def hold_for_budget(node: str, settings: dict[str, Any]) -> None:
             # The shared budget again, as the fleet is now: the stack's claim must cover the batch (a resumed stack
             # whose claim expired or was dropped claims it again here, before anything of it is drained).
             admission = shared_budget.try_admit(api, shared, int(budget.get("index") or 0), batch, True, views,
-                                                selector, settings.get("kubeconfig"))
+                                                selector, settings.get("kubeconfig"), merge=True)
             return admission.open, decision, f"{decision.state}; {admission.state}"
 
         try:

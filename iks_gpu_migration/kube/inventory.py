@@ -1,6 +1,6 @@
 """GpuNodeInventory: every GPU node of the cluster is listed in gpu-migration:nodes and every entry has its node,
 checked before anything is changed (never the GPU Operator next to IBM's drivers on a node the config forgot)."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import pulumi
@@ -13,6 +13,7 @@ from ..plan.gates import IKS_FLAVOR_LABEL, IKS_POOL_LABEL, gpu_hints
 from .cluster import GPU_RESOURCE
 from . import permissions
 from .provider import CheckFailed, _bullets, _EveryUp
+from .cordon import CORDON_ANNOTATION
 from .records import CONFIG_NAME_ANNOTATION
 
 
@@ -44,6 +45,8 @@ class Inventory:
     # config name -> {"pool", "zone"} of its node, from this run and every earlier one (kept in the check's state):
     # the evidence that lets a later run tell "its worker is being replaced" from "this name is wrong".
     seen: dict[str, dict[str, str]]
+    # Entries whose node is gone since an earlier run saw it: their replacement was requested and resumes.
+    resuming: list[str] = field(default_factory=list)
 
 
 def _place(labels: dict[str, str]) -> dict[str, str]:
@@ -99,6 +102,27 @@ def inventory(
     # by name, new workers by ID, so what this check takes is what the resumed replacements record.
     in_replacement = {name: seen[name] for name, stage in sorted(configured.items())
                       if name not in now and stage != "ibm-managed" and name in seen}
+    resuming = sorted(in_replacement)
+    _pair_unlisted(unlisted, in_replacement, operator_min_version, now, problems, warnings)
+    for name, stage in configured.items():
+        if name in now:
+            continue
+        if stage == "ibm-managed":
+            problems.append(f"node {name} in gpu-migration:nodes (stage ibm-managed) matches no node in the "
+                            "cluster; fix its name (`kubectl get nodes`)")
+        elif name in in_replacement:
+            warnings.append(f"node {name} in gpu-migration:nodes (stage {stage}) is gone since an earlier run saw it "
+                            "and no new worker has joined yet: its replacement resumes")
+        else:
+            problems.append(f"node {name} in gpu-migration:nodes (stage {stage}) matches no node in the cluster and "
+                            "no earlier run saw it; fix its name (`kubectl get nodes`)")
+    return Inventory(problems, warnings, {**seen, **now}, resuming)
+
+
+def _pair_unlisted(unlisted: list[client.V1Node], in_replacement: dict[str, dict[str, str]], operator_min_version: str,
+                   now: dict[str, dict[str, str]], problems: list[str], warnings: list[str]) -> None:
+    """Each GPU node no entry lists: a problem, unless it is the new worker of an entry whose replacement is under way
+    (same pool and zone; then `now` ties it to that entry and it leaves `in_replacement`)."""
     unlisted.sort(key=lambda n: (n.metadata.labels or {}).get(IKS_WORKER_ID_LABEL) or n.metadata.name)
     for n in unlisted:
         labels, name = n.metadata.labels or {}, n.metadata.name
@@ -121,19 +145,6 @@ def inventory(
         now[replaced] = place
         warnings.append(f"{what}; taken for the new worker of {replaced} (same pool and zone, whose node is gone): "
                         f"the resumed replacement of {replaced} records it")
-    for name, stage in configured.items():
-        if name in now:
-            continue
-        if stage == "ibm-managed":
-            problems.append(f"node {name} in gpu-migration:nodes (stage ibm-managed) matches no node in the "
-                            "cluster; fix its name (`kubectl get nodes`)")
-        elif name in in_replacement:
-            warnings.append(f"node {name} in gpu-migration:nodes (stage {stage}) is gone since an earlier run saw it "
-                            "and no new worker has joined yet: its replacement resumes")
-        else:
-            problems.append(f"node {name} in gpu-migration:nodes (stage {stage}) matches no node in the cluster and "
-                            "no earlier run saw it; fix its name (`kubectl get nodes`)")
-    return Inventory(problems, warnings, {**seen, **now})
 
 
 def workers_of_other_entries(api: ApiClient, own: Optional[str]) -> dict[str, str]:
@@ -149,6 +160,32 @@ def workers_of_other_entries(api: ApiClient, own: Optional[str]) -> dict[str, st
     return out
 
 
+def out_already(api: ApiClient, configured: dict[str, str]) -> tuple[list[str], list[str]]:
+    """Config entries (past ibm-managed) whose node is out before this run's first step, each list in config order:
+    - cordoned by this program (CORDON_ANNOTATION: a drain before a replace, a dra node held for its smoke test) and
+      still cordoned: in flight when an earlier `up` stopped;
+    - NotReady (its kubelet's Ready condition not True, whoever or whatever caused it): broken before the run.
+    Both take the first slots of this run (components/slots.py): they are out already, so moving them costs no budget
+    and frees it (Karpenter counts NotReady nodes against its budget; NVIDIA's upgrader stalls on one,
+    gpu-operator#688), and a stop before their turn can't leave a drained node cordoned. Replacing the worker is IKS's
+    own repair of a NotReady worker (`ibmcloud ks worker replace`); its drain follows kubectl's rules for a NotReady
+    node (kube/eviction.py: no wait for pods its kubelet can't stop). A replaced node is its entry's by
+    CONFIG_NAME_ANNOTATION. Nodes someone else cordoned stay in list order: they count against the budget, and the
+    gates name them."""
+    held, broken = set(), set()
+    for n in client.CoreV1Api(api).list_node().items:
+        annotations = n.metadata.annotations or {}
+        entry = annotations.get(CONFIG_NAME_ANNOTATION) or n.metadata.name
+        if configured.get(entry, "ibm-managed") == "ibm-managed":
+            continue
+        if n.spec and n.spec.unschedulable and annotations.get(CORDON_ANNOTATION):
+            held.add(entry)
+        conditions = (n.status.conditions if n.status else None) or []
+        if not any(c.type == "Ready" and c.status == "True" for c in conditions):
+            broken.add(entry)
+    return [name for name in configured if name in held], [name for name in configured if name in broken]
+
+
 class _GpuNodeInventoryProvider(_EveryUp):
     def run(self, api, p):
         # The first check of every `up`, before anything changes: the kubeconfig's identity holds the shipped role.
@@ -160,7 +197,15 @@ class _GpuNodeInventoryProvider(_EveryUp):
         if found.problems:
             raise CheckFailed(f"GPU nodes in the cluster don't match gpu-migration:nodes; nothing was installed:"
                               f"{_bullets(found.problems)}")
-        return {"checked": sorted(p["configured"]), "seen": found.seen}
+        # Out before this run: drained and still cordoned, or being replaced (node gone), by an earlier `up`; NotReady.
+        cordoned, broken = out_already(api, p["configured"])
+        if broken:
+            pulumi.log.warn(f"GPU node(s) of gpu-migration:nodes NotReady before this run: {', '.join(broken)}; they "
+                            f"count against the budget and take the first slots (moving them costs no budget); "
+                            f"their drain does not wait for pods a NotReady kubelet can't stop")
+        held = {*cordoned, *found.resuming, *broken}
+        return {"checked": sorted(p["configured"]), "seen": found.seen,
+                "resume_first": [name for name in p["configured"] if name in held]}
 
 
 class GpuNodeInventory(Resource, module="gpu-migration", name="GpuNodeInventory"):
@@ -168,13 +213,15 @@ class GpuNodeInventory(Resource, module="gpu-migration", name="GpuNodeInventory"
     the GPU Operator, so it never lands next to IBM's drivers on a node the config forgot."""
 
     checked: pulumi.Output[list[str]]
+    resume_first: pulumi.Output[list[str]]  # entries an earlier run left cordoned (cordoned_by_earlier_run)
 
     def __init__(self, name: str, kubeconfig: pulumi.Input[Optional[str]], configured: dict[str, str],
                  worker_ids: dict[str, str], operator_min_version: str, temp_pool: Optional[str] = None,
                  worker_pools: Optional[list[str]] = None, shared_budget_namespace: Optional[str] = None,
                  permissions_scope: Optional[dict] = None, opts: Optional[pulumi.ResourceOptions] = None):
         props = dict(kubeconfig=kubeconfig, configured=configured, worker_ids=worker_ids,
-                     operator_min_version=operator_min_version, temp_pool=temp_pool, checked=None, seen=None)
+                     operator_min_version=operator_min_version, temp_pool=temp_pool, checked=None, seen=None,
+                     resume_first=None)
         if worker_pools:  # only then: a single stack's inventory keeps its inputs
             props["worker_pools"] = list(worker_pools)
         if shared_budget_namespace:  # its Lease's Role is checked up front too

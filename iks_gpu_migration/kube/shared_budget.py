@@ -149,13 +149,14 @@ def member(shared: dict[str, Any]) -> decide.Member:
 
 def try_admit(api, shared: dict[str, Any], index: int, batch: list[str], fits_locally: bool,
               views: Optional[Sequence[NodeView]] = None, selector: str = "",
-              kubeconfig: Optional[str] = None) -> decide.Admission:
+              kubeconfig: Optional[str] = None, merge: bool = False) -> decide.Admission:
     """One attempt: claim the batch (if the stack's own budget lets it out too) when the fleet leaves room for it,
     and in the same write drop the stack's previous claim (its batch is done) and every expired claim, and record
     this stack's member (pools, nodes). With `views` (every Node) and `selector` the fleet's nodes out are counted
     from the cluster (plan/fleet_count.py); without, from the claims alone. Called by each gate and again right
     before each drain (kube/drain_budget.py): a drain of a resumed stack whose claim is gone claims its batch again.
-    `kubeconfig`: the cluster of `api`, for the heartbeat that then keeps the claim."""
+    `kubeconfig`: the cluster of `api`, for the heartbeat that then keeps the claim. `merge` (a drain): the claim
+    keeps the stack's other nodes (plan/shared_budget.py admission)."""
     holder, limit, name = shared["holder"], int(shared["max_unavailable"]), shared["name"]
     own, mine = aliases(shared), member(shared) if shared.get("nodes") else None
     members: list[decide.Members] = [{}]  # this attempt's members, as written (BudgetLease.change calls it first)
@@ -169,7 +170,7 @@ def try_admit(api, shared: dict[str, Any], index: int, batch: list[str], fits_lo
                                        name)
         fleet = None if views is None else decide.Fleet(tuple(views), selector, members[0])
         admission = decide.admission(claims, new_limit, holder, index, tuple(batch), now(), name, fleet,
-                                     claim_ttl(shared), own)
+                                     claim_ttl(shared), own, merge)
         if not fits_locally:  # not out yet: only the previous claim goes (and the expired ones)
             return admission, {h: c for h, c in admission.claims.items() if h != holder}, new_limit
         return admission, admission.claims, new_limit

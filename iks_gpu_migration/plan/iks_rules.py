@@ -90,8 +90,9 @@ def _too_far_behind(pool: Optional[tuple[int, int]], master: tuple[int, int]) ->
 
 @dataclass(frozen=True)
 class PoolRules:
-    """Pools the stack config lets through although they break a rule (`workerPoolRules`), and whether each batch
-    proves its pool and zone with a canary again (`workerPoolRules.canary: everyBatch`; default once per run)."""
+    """Pools the stack config lets through although they break a rule (`workerPoolRules`), and whether each round of
+    `slots` nodes proves its pool and zone with a canary again (`workerPoolRules.canary: everyBatch`; default once per
+    run)."""
     allow_rebalancing_off: frozenset[str] = frozenset()
     allow_autoscaling: frozenset[str] = frozenset()
     canary_every_batch: bool = False

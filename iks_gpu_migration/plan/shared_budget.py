@@ -127,7 +127,7 @@ def live(claims: Claims, now: str, ttl: Optional[float]) -> tuple[Claims, Claims
 
 def admission(claims: Claims, limit: int, holder: str, index: int, batch: tuple[str, ...], now: str, name: str,
               fleet: Optional[Fleet] = None, ttl: Optional[float] = None,
-              aliases: frozenset[str] = frozenset()) -> Admission:
+              aliases: frozenset[str] = frozenset(), merge: bool = False) -> Admission:
     """May `holder`'s batch `index` go out now? With `fleet` (the cluster's Nodes and the stacks' members, this one's
     included) what is out is counted from the cluster (fleet_count.py), the other stacks' live claims adding the nodes
     they have not taken out yet; without it, from the claims alone. The batch fits if, with it, no more than `limit`
@@ -145,6 +145,9 @@ def admission(claims: Claims, limit: int, holder: str, index: int, batch: tuple[
         out, detail = len(set(claimed) - set(batch)) + len(batch), ""
     fits = out <= limit
     write, previous = dict(fresh), claims.get(holder)
+    if merge and previous is not None:
+        batch = tuple(dict.fromkeys((*previous.nodes, *batch)))  # the stack's claim covers the batch
+        index = previous.index if set(batch) == set(previous.nodes) else index
     if fits:
         keep_since = previous.since if previous and previous.index == index and previous.nodes == batch else now
         write[holder] = Claim(index, tuple(batch), keep_since, now)

@@ -66,7 +66,7 @@ def state_outputs(stack) -> dict[str, dict]:
 # issue 10 point 2: kubeVersion bump with nodes already migrated --------------------------------------------------
 def test_kube_version_bump_replaces_each_migrated_worker_once_from_state(env):
     """1.36 -> 1.37 on a stack whose nodes were migrated at 1.36 (the config still names the first workers): each
-    migrated worker is replaced once, by its current ID from state, one node at a time behind its batch gate and the
+    migrated worker is replaced once, by its current ID from state, one node at a time behind its gate and the
     previous node's checks."""
     stages = {A: "device-plugin", B: "device-plugin", C: "ibm-managed"}
     first, _ = env.up(stages, kubeVersion="1.36")
@@ -78,10 +78,10 @@ def test_kube_version_bump_replaces_each_migrated_worker_once_from_state(env):
     assert replace_calls(env)[before:] == [migrated[A], migrated[B]]  # current IDs, once each, in order
     assert len(set(replace_calls(env))) == len(replace_calls(env))  # no worker was ever replaced twice
     # One node at a time: B's gate re-ran (kubeVersion changed) after A's last check, and B's worker went after it.
-    assert events.index(f"{A}-switch", "done") < events.index("batch-2-gate", "pre") \
+    assert events.index(f"{A}-switch", "done") < events.index(f"{B}-gate", "pre") \
         < events.index(f"{B}-replacement", "pre")
-    assert events.index("batch-1-gate", "done") < events.index(f"{A}-replacement", "pre")
-    for gate in ("batch-1-gate", "batch-2-gate"):  # each gate counted capacity again, not just its old record
+    assert events.index(f"{A}-gate", "done") < events.index(f"{A}-replacement", "pre")
+    for gate in (f"{A}-gate", f"{B}-gate"):  # each gate counted capacity again, not just its old record
         assert "create-replacement" in {op for op, n, _ in events.steps if n == gate}, events.steps
     outputs = state_outputs(env.project.stack())
     for n in (A, B):
@@ -114,7 +114,7 @@ def test_failed_worker_stops_up_at_once_and_is_never_taken_for_the_replacement(e
     assert f"ibmcloud ks worker replace --cluster {env.iks.cluster_name} --worker {failed_worker}" in message
     assert "did not" not in message and "within" not in message  # not a timeout
     assert replace_calls(env) == [WORKERS[A]]  # B's batch was never started
-    assert "batch-2-gate" not in state_outputs(stack)
+    assert f"{B}-gate" not in state_outputs(stack)
 
     env.iks.fail_new_workers = None  # the cause is fixed; the failed worker stays failed until replaced
     with pytest.raises(CommandError) as again:
@@ -161,7 +161,7 @@ def test_renaming_the_nodes_or_not_both_converge(env, keep_key):
     if keep_key:  # same resources: only the fences and batch gates (read-only checks of named nodes) run again
         rerun = {n for op, n, kind in events.steps if kind == "pre" and op in (
             "create", "replace", "create-replacement", "delete", "delete-replaced")}
-        assert rerun <= {f"{A}-fence", f"{B}-fence", "batch-1-gate", "batch-2-gate"}, rerun
+        assert rerun <= {f"{A}-fence", f"{B}-fence", f"{A}-gate", f"{B}-gate"}, rerun
         assert result.outputs[f"node:{A}"].value["nodeName"] == new_a
     else:
         assert result.outputs[f"node:{new_a}"].value["replacedWorkerId"] == replaced(first, A)

@@ -135,7 +135,7 @@ def test_failed_readiness_of_node_1_stops_node_2_and_the_dra_path(env):
     assert replaced(writes) == [WORKERS[A]]
     assert env.iks.workers[WORKERS[B]]["lifecycle"]["desiredState"] == "deployed"
     state = resources(env.project.stack())
-    for name in (f"{B}-replacement", "batch-1-dra-preflight", f"smoke-{A}", f"{A}-smoke-verification"):
+    for name in (f"{B}-replacement", f"{A}-dra-preflight", f"smoke-{A}", f"{A}-smoke-verification"):
         assert name not in state and name not in started(events)
     assert [p for p in rec.pods if p.namespace == "gpu-pilot"] == []
     # The dra node stays cordoned: its switch cordoned it, and only a passed smoke test uncordons it.
@@ -173,7 +173,7 @@ def test_dra_node_stays_cordoned_until_its_smoke_test_passed(env):
     slices = env.cluster.doubles.custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")["items"]
     assert {s["spec"]["nodeName"] for s in slices} == {new_a}
     state = resources(env.project.stack())
-    assert state["batch-1-dra-preflight"]["outputs"]["checked_nodes"] == [new_a]
+    assert state[f"{A}-dra-preflight"]["outputs"]["checked_nodes"] == [new_a]
     assert state[f"{A}-smoke-verification"]["outputs"]["device"] == f"gpu.nvidia.com/{new_a}/gpu-0"
     final = env.record(new_a)
     assert (final["path"], final["result"], final["problems"]) == ("dra", "passed", [])
@@ -239,7 +239,7 @@ def test_operator_pods_on_an_ibm_managed_node_stop_up_naming_node_and_pods(env):
     # controller creates them; either stops node 2.)
     assert WORKERS[B] not in replaced(writes) and WORKERS[C] not in replaced(writes)
     assert f"{B}-replacement" not in started(events)
-    assert {f"{A}-smoke-verification", "batch-1-dra-preflight"}.isdisjoint(started(events))
+    assert {f"{A}-smoke-verification", f"{A}-dra-preflight"}.isdisjoint(started(events))
 
 
 def training_pod(node: str, seconds: int, name: str = "training") -> dict:
@@ -298,7 +298,7 @@ def test_rollback_of_the_last_dra_node_goes_step_by_step_and_removes_the_dra_pat
     assert env.iks.count("POST", REPLACE) == 2
     assert not any(s.unschedulable for s in rec.of_node(new_b))
     # The last dra node left: the DRA driver, DeviceClass, smoke test and preflight go, after the rollback.
-    removed = {"dra-driver", "device-class", f"smoke-{A}", f"{A}-smoke-verification", "batch-1-dra-preflight"}
+    removed = {"dra-driver", "device-class", f"smoke-{A}", f"{A}-smoke-verification", f"{A}-dra-preflight"}
     deleted = {name: i for i, (op, name, kind) in enumerate(events.steps) if op == "delete" and kind == "pre"}
     assert removed <= set(deleted), deleted
     assert min(deleted[n] for n in removed) > events.index(f"{A}-switch", "done")

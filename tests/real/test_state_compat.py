@@ -144,8 +144,11 @@ def refresh_and_preview(env, stack, released: dict) -> None:
     # The operator's release gains placement preferences for its controllers (components/charts.py
     # OPERATOR_DEFAULTS: away from the GPU nodes a batch drains): an in-place Helm upgrade. Both releases gain Helm's
     # wait of timeouts.helm (7200 s, was the provider's 300 s): an in-place upgrade with the same chart and values.
+    # A slot per node (components/slots.py): one gate and DRA preflight per node replace the batches' (a gate and a
+    # preflight leave nothing behind; the new ones open at once on this converged stack).
     upgraded = {f"smoke-{A}": "+-", f"{A}-smoke-verification": "+-", "smoke-namespace": "~", "gpu-operator": "~",
-                "dra-driver": "~",
+                "dra-driver": "~", "batch-1-gate": "-", "batch-2-gate": "-", "batch-1-dra-preflight": "-",
+                f"{A}-gate": "+", f"{B}-gate": "+", f"{A}-dra-preflight": "+",
                 f"{B}-rollback": "-",
                 **{f"{n}-{check}": "-" for n in (A, B)
                    for check in ("operator-ready", "operand-placement", "pending-gpu-pods")}}

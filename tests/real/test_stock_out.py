@@ -1,9 +1,9 @@
 """A GPU flavor out of stock mid-batch (issue 36, point 1), under the real CLI, the real control plane and the real
 GPU Operator: in pool gpu, zone us-south-1, every new worker ends in `provision_failed` (IKS's state for a flavor
-without capacity: ibm-cloud-docs worker-node-state-reference). The batch holds three nodes there and one of pool
-gpu-b. Only the canary's worker is lost; its batch-mates keep their old workers and are uncordoned again; gpu-b's
-node is replaced and, under `pulumi up --continue-on-error` (the engine then runs every step that does not depend on
-the failed one: Pulumi's "Continue on Error in the Pulumi CLI", pulumi/docs content/blog/continue-on-error),
+without capacity: ibm-cloud-docs worker-node-state-reference). Four slots: three nodes there and one of pool gpu-b
+start together. Only the canary's worker is lost; the others there keep their old workers and are uncordoned again;
+gpu-b's node is replaced and, under `pulumi up --continue-on-error` (the engine then runs every step that does not
+depend on the failed one: Pulumi's "Continue on Error in the Pulumi CLI", pulumi/docs content/blog/continue-on-error),
 brought to its stage."""
 import pytest
 from kubernetes import client
