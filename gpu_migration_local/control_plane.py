@@ -27,6 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .pki import ClusterCA
 
 KWOK_STAGES = pathlib.Path(__file__).with_name("kwok-stages.yaml")
 
@@ -130,6 +131,10 @@ class ControlPlane:
     # Opt-in: an audit Policy (audit.k8s.io/v1, as a dict); the API server then writes its events to `audit_log`
     # (JSON lines; k8s.io/apiserver pkg/apis/audit/v1 types.go). Tests read it for the answers to a given user.
     audit_policy: Optional[dict] = None
+    # Opt-in: real kubelets join (gpu_migration_local/nodes): see _real_node_flags. Off, the API server is the one
+    # kwok's nodes always had.
+    real_nodes: bool = False
+    ca: Optional[ClusterCA] = None
 
     @property
     def kubeconfig(self) -> pathlib.Path:
@@ -183,26 +188,7 @@ class ControlPlane:
             "--unsafe-no-fsync",  # a throw-away store: durability buys nothing here
         ])
         etcd.start()
-        sa = str(d / "sa.key")
-        apiserver = self._proc("kube-apiserver", [
-            self._bin("kube-apiserver"),
-            "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-            "--secure-port", str(self.apiserver_port), "--cert-dir", str(d / "apiserver-certs"),
-            "--token-auth-file", str(d / "tokens.csv"), "--authorization-mode", "RBAC",
-            "--anonymous-auth=false",
-            "--service-account-issuer", "https://kubernetes.default.svc",
-            "--service-account-key-file", sa, "--service-account-signing-key-file", sa,
-            # Only an allocator range for Service IPs; nothing is routed to it.
-            "--service-cluster-ip-range", "10.0.0.0/24",
-            "--allow-privileged=true",
-            # As envtest: no token volumes to mount without a kubelet.
-            "--disable-admission-plugins", "ServiceAccount",
-            "--kubelet-preferred-address-types", "InternalIP",
-            "--enable-priority-and-fairness=false",
-            # 1.37 refuses a loopback advertise address for the kubernetes Service endpoints; nothing routes there.
-            "--endpoint-reconciler-type", "none", *self._audit_flags(),
-        ])
+        apiserver = self._proc("kube-apiserver", self._apiserver_argv(etcd_port))
         apiserver.start()
         self._wait_ready(f"{self.server}/readyz", "kube-apiserver /readyz", timeout, [etcd, apiserver])
         # Clients verify the API server: its self-signed serving cert (with its CA) from --cert-dir.
@@ -217,7 +203,7 @@ class ControlPlane:
                                                   "--secure-port", str(scheduler_port)])
         kcm = self._proc("kube-controller-manager", [
             self._bin("kube-controller-manager"), *common, "--secure-port", str(kcm_port),
-            "--controllers", ",".join(CONTROLLERS), "--use-service-account-credentials=false",
+            *self._real_node_controllers(), "--use-service-account-credentials=false",
             "--concurrent-gc-syncs", "5",
             # The controllers' client limit (default 20 requests/s, burst 30) let a batch of 10 new nodes' DaemonSet
             # pods (6 operands each) trickle out over 2-3 s, slower than anything the program does; on a real cluster
@@ -250,6 +236,50 @@ class ControlPlane:
                              [kcm])
             self.wait_for_default_service_account(timeout)
         return self
+
+    def _apiserver_argv(self, etcd_port: int) -> list[str]:
+        d = self.workdir
+        sa = str(d / "sa.key")
+        return [
+            self._bin("kube-apiserver"),
+            "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(self.apiserver_port), "--cert-dir", str(d / "apiserver-certs"),
+            "--token-auth-file", str(d / "tokens.csv"),
+            "--anonymous-auth=false",
+            "--service-account-issuer", "https://kubernetes.default.svc",
+            "--service-account-key-file", sa, "--service-account-signing-key-file", sa,
+            # Only an allocator range for Service IPs; nothing is routed to it.
+            "--service-cluster-ip-range", "10.0.0.0/24",
+            "--allow-privileged=true",
+            *self._real_node_flags(),
+            "--kubelet-preferred-address-types", "InternalIP",
+            "--enable-priority-and-fairness=false",
+            # 1.37 refuses a loopback advertise address for the kubernetes Service endpoints; nothing routes there.
+            "--endpoint-reconciler-type", "none", *self._audit_flags(),
+        ]
+
+    def _real_node_flags(self) -> list[str]:
+        """Without real nodes: RBAC alone, and (as envtest) no ServiceAccount admission, as there is no kubelet to
+        mount tokens. With them, what kubeadm gives a cluster's API server for its kubelets: client certificates of
+        the cluster CA, the Node authorizer before RBAC and NodeRestriction admission for node identities
+        (plugin/pkg/auth/authorizer/node, plugin/pkg/admission/noderestriction), ServiceAccount admission, and a
+        client certificate of its own for the kubelets' API (logs, exec; cmd/kubeadm/app/phases/controlplane)."""
+        if not self.real_nodes:
+            return ["--authorization-mode", "RBAC", "--disable-admission-plugins", "ServiceAccount"]
+        self.ca = ClusterCA(self.workdir / "pki").create()
+        cert, key = self.ca.apiserver_kubelet_client()
+        return ["--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
+                "--client-ca-file", str(self.ca.cert),
+                "--kubelet-client-certificate", str(cert), "--kubelet-client-key", str(key)]
+
+    def _real_node_controllers(self) -> list[str]:
+        """With real nodes, kube-root-ca.crt in every namespace for the projected token volumes the kubelet mounts
+        (pkg/controller/certificates/rootcacertpublisher), the CA being the API server's serving certificate."""
+        if not self.real_nodes:
+            return ["--controllers", ",".join(CONTROLLERS)]
+        return ["--controllers", ",".join([*CONTROLLERS, "root-ca-certificate-publisher-controller"]),
+                "--root-ca-file", str(self.ca_file)]
 
     def _kwok_stages(self) -> pathlib.Path:
         path = self.workdir / "kwok-stages.yaml"

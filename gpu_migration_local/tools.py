@@ -1,4 +1,5 @@
-"""The real tools (Pulumi CLI, Kubernetes provider, control plane), built by tools/build into a cache keyed by their pins.
+"""The real tools (Pulumi CLI, Kubernetes provider, control plane, kubelet and its runtime), built by tools/build into a
+cache keyed per tool by its pins and recipe.
 
 `engine_env()` is the environment every real-engine run uses: the built CLI first on PATH, a PULUMI_HOME inside the
 tool cache with the Kubernetes provider registered under the version pulumi_kubernetes requests, and no automatic
@@ -56,8 +57,12 @@ def disk_shortfall(places: dict[str, pathlib.Path], free_gb=lambda p: shutil.dis
 
 def _check_before_cold_build(bin_path: pathlib.Path) -> None:
     """Before a build from empty caches: Go on PATH and room on disk, each missing one named (tools/build checks Go
-    too, but only once it runs; the disk only fills minutes later)."""
-    if (bin_path / "pulumi").exists():
+    too, but only once it runs; the disk only fills minutes later). Not when some tool was built in this cache
+    before (a Pulumi CLI of any key, or the one-key layout of before per-tool keys): a new or changed tool then
+    builds alone from Go's filled caches."""
+    root = bin_path.parent.parent
+    if (bin_path / "pulumi").exists() or any(root.glob("by-tool/pulumi-*/out/bin/pulumi")) \
+            or any(root.glob("*/bin/pulumi")):
         return
     go = shutil.which("go")
     if go is None:
@@ -84,7 +89,9 @@ def bin_dir() -> pathlib.Path:
     path = pathlib.Path(done.stdout.strip().splitlines()[-1])
     missing = [t for t in ("pulumi", "pulumi-resource-kubernetes", "kube-apiserver", "kube-scheduler",
                            "kube-controller-manager", "etcd", "kwok", "../gpu-operator/root/usr/bin/gpu-operator",
-                           "../gpu-operator/chart/Chart.yaml") if not (path / t).exists()]
+                           "../gpu-operator/chart/Chart.yaml", "kubelet", "containerd", "ctr",
+                           "containerd-shim-runc-v2", "runc", "../cni/bin/bridge", "../gpu-stand-ins/dra-plugin")
+               if not (path / t).exists()]
     if missing:
         raise RuntimeError(f"tools/build finished but {path} lacks {', '.join(missing)}")
     return path
@@ -98,6 +105,11 @@ def gpu_operator_root() -> pathlib.Path:
 def gpu_operator_chart() -> pathlib.Path:
     """The GPU Operator's Helm chart from the same module (deployments/gpu-operator)."""
     return bin_dir().parent / "gpu-operator" / "chart"
+
+
+def gpu_stand_ins() -> pathlib.Path:
+    """pause, gpu-workload, device-plugin and dra-plugin, built from gpu_migration_local/nodes/stand_ins."""
+    return bin_dir().parent / "gpu-stand-ins"
 
 
 def plugin_version() -> str:
@@ -136,6 +148,11 @@ def engine_env() -> dict[str, str]:
                         "--file", str(b / "pulumi-resource-kubernetes")], env=env, check=True,
                        stdout=subprocess.DEVNULL)
     return env
+
+
+def kubelet_version() -> str:
+    out = subprocess.run([str(bin_dir() / "kubelet"), "--version"], capture_output=True, text=True).stdout.strip()
+    return out.split()[-1] if out else "?"
 
 
 def versions_line() -> str:

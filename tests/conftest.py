@@ -70,7 +70,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not real:
         return
     from gpu_migration_local import tools
-    terminalreporter.write_line(f"real engine: {tools.versions_line()}, {len(ran)} scenarios passed")
+    from gpu_migration_local.nodes import room
+    kubelets = f", kubelet {tools.kubelet_version()} on {room.nodes_started} nodes" if room.nodes_started else ""
+    terminalreporter.write_line(f"real engine: {tools.versions_line()}{kubelets}, {len(ran)} scenarios passed")
 
 
 def pytest_sessionfinish(session, exitstatus):
