@@ -30,8 +30,26 @@ def test_every_argument_is_passed_through_and_the_program_server_added_last(monk
     monkeypatch.setattr(pulumi_cli.tools, "bin_dir", lambda: tmp_path)
     args = ["up", "--stack", "local", "--yes", "--config", "a=b c"]
     assert pulumi_cli.command_for(args, 4711) == [str(tmp_path / "pulumi"), *args, "--client=127.0.0.1:4711",
-                                                  "--exec-kind", "auto.inline"]
+                                                  "--exec-kind", "auto.inline", "--parallel", "64"]
     assert pulumi_cli.command_for(["stack", "history"], None) == [str(tmp_path / "pulumi"), "stack", "history"]
+
+
+def test_up_and_preview_get_a_parallel_that_moves_every_node_in_flight_unless_one_is_given(monkeypatch, tmp_path):
+    monkeypatch.setattr(pulumi_cli.tools, "bin_dir", lambda: tmp_path)
+    served = ["--client=127.0.0.1:1", "--exec-kind", "auto.inline"]
+    assert pulumi_cli.command_for(["up", "--yes"], 1)[-2:] == ["--parallel", "64"]
+    assert pulumi_cli.command_for(["preview"], 1)[-2:] == ["--parallel", "64"]
+    assert pulumi_cli.command_for(["up", "-p", "3"], 1)[-3:] == served
+    assert pulumi_cli.command_for(["up", "--parallel=3"], 1)[-3:] == served
+    assert pulumi_cli.command_for(["refresh"], 1)[-3:] == served  # walks no plan
+
+
+def test_a_cli_ended_by_a_signal_says_so_and_that_recover_is_next():
+    text = pulumi_cli.killed_message(-9, ["up", "--stack", "local"])
+    assert text.startswith("the Pulumi CLI running `up` was ended by SIGKILL; run `venv/bin/python -m "
+                           "iks_gpu_migration.cli.recover --stack <stack>` next")
+    assert pulumi_cli.killed_message(-15, ["stack", "history"]) == \
+        "the Pulumi CLI running `stack` was ended by SIGTERM"
 
 
 def test_exports_survive_the_shell(tmp_path):

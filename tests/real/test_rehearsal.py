@@ -211,7 +211,9 @@ def test_the_readme_rehearsal_start_up_expand_roll_back_status_stop(project_dir,
                                 timeout=120)  # a secret in the stack file, which restoring an update keeps
         assert secret.returncode == 0, secret.stderr
 
-        assert local(project_dir, "pulumi", "up", "--stack", "local", "--yes").returncode == 0
+        up = local(project_dir, "pulumi", "up", "--stack", "local", "--yes")
+        assert up.returncode == 0
+        assert "--parallel" not in up.stdout + up.stderr  # the wrapper passes a --parallel that needs no warning
         first = status(project_dir, dict(os.environ))  # out of the box: no `eval` of the session's environment
         assert set(all_done(first)) == set(first) == {DRA, "10.240.0.12", "10.240.0.13"}, first
         pilot_node = first[EXPANDED]["node"]
