@@ -49,15 +49,12 @@ def show(plan: Plan) -> None:
     if pulumi.runtime.is_dry_run():
         pulumi.log.info(plan.render())
     parallel, needed = engine_parallel(), parallel_needed(plan.budget.batch_size)
-    if parallel is not None and parallel < needed and plan.batches and not _WARNED:
-        _WARNED.append(parallel)  # once per program run
+    if parallel is not None and parallel < needed and plan.batches:  # one warning: show() runs once per program run
         pulumi.log.warn(
             f"run `pulumi up --parallel {needed}`: {min(plan.slots, len(plan.batches))} nodes may be in flight at "
             f"once, but `--parallel` {parallel} lets the engine run only {parallel} steps together "
             f"(docs/fleet-scale.md)")
 
-
-_WARNED: list[int] = []
 
 
 def holder() -> str:
