@@ -222,7 +222,8 @@ class Simulation:
         """The node's CapacityGate (kube/capacity_gate.py), unless recorded by an earlier process."""
         if not s.alive or process != s.process:
             return
-        node, members = start.node, (start.node, *start.peers)
+        # Peers done since the slot came count back (kube/finished.py): the node's last step recorded them.
+        node, members = start.node, (start.node, *(p for p in start.peers if p not in s.done))
         if node not in s.gated:
             turn = s.plan.batch_of(node)
             local = plan.gate_decision(self.views(), members, SELECTOR, s.plan.budget.min_available)
@@ -271,7 +272,8 @@ class Simulation:
     def drain_ok(self, s: Stack, e: Entry, turn: plan.Batch) -> bool:
         """kube/drain_budget.py hold_for_budget: the stack's budget, then the shared one (the claim keeps the stack's
         other nodes: merge)."""
-        members = s.admitted.get(e.name, turn.nodes)
+        admitted = s.admitted.get(e.name, turn.nodes)
+        members = (admitted[0], *(p for p in admitted[1:] if p not in s.done))  # kube/finished.py
         decision = plan.drain_decision(self.views(), e.name, members, SELECTOR, s.plan.budget.min_available)
         return decision.open and self.admit(s, turn.index, members, merge=True)
 

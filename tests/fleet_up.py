@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 from harness import RecordingMocks, Registered, run_program, stack_config, unwrap
 from pulumi.runtime.sync_await import _ensure_event_loop
 
-from iks_gpu_migration.kube import capacity_gate
+from iks_gpu_migration.kube import capacity_gate, finished
 from tests.emulators.iks import IksEmulator
 from tests.envtest import EnvTest, Kube
 from iks_gpu_migration.iks.replacement import WorkerReplacementProvider
@@ -34,6 +34,7 @@ from iks_gpu_migration.iks.replacement import WorkerReplacementProvider
 GPU_LABELS = {"nvidia.com/gpu.present": "true"}
 GATE = "pulumi-python:dynamic/gpu-migration:CapacityGate"
 REPLACEMENT = "pulumi-python:dynamic/gpu-migration:WorkerReplacement"
+SWITCH = "pulumi-python:dynamic/gpu-migration:NodePathSwitch"
 
 
 @dataclass
@@ -110,6 +111,8 @@ class FleetMocks(RecordingMocks):
             self.idle.wait_for(lambda: self.inflight == 0, timeout)
 
     def new_resource(self, args):
+        if args.typ == SWITCH and args.inputs.get("target") != "dra":  # played here: as its last step does
+            finished.record(str(args.inputs.get("node") or ""), str(args.inputs.get("config_name") or ""))
         if args.typ not in (GATE, REPLACEMENT):
             return super().new_resource(args)
         self.registered.append(Registered(args.typ, args.name, dict(args.inputs)))

@@ -60,14 +60,17 @@ def test_a_failure_stops_the_nodes_not_yet_started(tmp_path, kube):
 
 
 def test_nodes_unavailable_for_other_reasons_count_against_the_budget(tmp_path, kube):
+    """2 slots, one GPU node cordoned by someone else (it takes one unit of the budget, as Karpenter's allowed
+    disruptions are the budget minus the NotReady nodes): the nodes go one at a time, never two out beside it. Each
+    node's gate and drain count the node that was in flight beside it when its slot came as out only until that node
+    finished (kube/finished.py); counted out for good, the next gate would wait for capacity that never comes."""
     probe = fleet_up(5, "2", replace_seconds=0.1, tmp_dir=tmp_path, kube=kube)
     last = order_of(probe)[-1]  # the last to start, so outside the first two slots
-    run = fleet_up(5, "2", replace_seconds=0.1, tmp_dir=tmp_path, kube=kube, cordoned=(last,), capacity_timeout=0.5)
-    # The cordoned node takes one of the 2 slots (Karpenter: allowed = budget - NotReady): the first node goes, the
-    # second waits for capacity and times out naming the cordoned node.
-    assert run.error is not None and "was not started, nothing of it was changed" in str(run.error)
-    assert f"unavailable: {last} (cordoned)" in str(run.error)
-    assert run.timeline.max_unavailable() <= 2
+    run = fleet_up(5, "2", replace_seconds=0.1, tmp_dir=tmp_path, kube=kube, cordoned=(last,), capacity_timeout=20)
+    assert run.error is None, run.error
+    assert run.timeline.max_unavailable() == 1  # workers out at IKS: one at a time beside the cordoned node
+    requested = {c.node for c in run.timeline.changes if c.event == "replace requested"}
+    assert len(requested) == 5, requested  # the cordoned node too, in its turn (it is configured)
 
 
 def test_a_gate_waits_for_capacity_to_come_back(tmp_path, kube, monkeypatch):

@@ -24,7 +24,7 @@ from pulumi.dynamic import DiffResult, Resource
 from .. import plan
 from ..common.coalesced import READS
 from ..common.waiting import WaitTimeout, wait_for
-from . import shared_budget
+from . import finished, shared_budget
 from .cluster import GPU_RESOURCE, raw_items
 from .provider import CheckFailed, _Provider, _timing
 from .records import CONFIG_NAME_ANNOTATION
@@ -70,7 +70,6 @@ class _CapacityGateProvider(_Provider):
         p = {**p, "index": int(p["index"])}  # numbers come back from the engine as floats
         slot = p.get("slot") or {}
         peers = [n for n in slot.get("peers") or [] if n not in p["batch"]]
-        members = [*p["batch"], *peers]
         what = f"capacity for node {', '.join(p['batch'])}" + (f" beside {len(peers)} in flight ({', '.join(peers)})"
                                                               if peers else "")
         soak = float(p.get("soak_seconds") or 0)
@@ -83,6 +82,8 @@ class _CapacityGateProvider(_Provider):
 
         def poll():
             views = node_views(client.CoreV1Api(api))
+            # The peers done since its slot came count as what they are again (kube/finished.py).
+            members = [*p["batch"], *finished.in_flight(peers, views)]
             decision = plan.gate_decision(views, members, p["selector"], int(p["min_available"]))
             held_back["locally"] = not decision.open
             if not shared:

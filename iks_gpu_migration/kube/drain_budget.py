@@ -35,7 +35,7 @@ def hold_for_budget(node: str, settings: dict[str, Any]) -> None:
         return
     from kubernetes import client  # kubernetes is only needed when a node is drained
 
-    from . import shared_budget
+    from . import finished, shared_budget
     from .capacity_gate import node_views
     from .clients import api_client
 
@@ -48,7 +48,9 @@ def hold_for_budget(node: str, settings: dict[str, Any]) -> None:
 
         def poll() -> tuple[bool, plan.GateDecision, str]:
             views = node_views(core)
-            decision = plan.drain_decision(views, node, batch, selector, needed)
+            # The node and the nodes in flight beside it when its gate opened, without those done since.
+            members = [batch[0], *finished.in_flight(batch[1:], views)] if batch else batch
+            decision = plan.drain_decision(views, node, members, selector, needed)
             if not decision.open or not shared:
                 return decision.open, decision, decision.state
             # The shared budget again, as the fleet is now: the stack's claim must cover the batch (a resumed stack

@@ -11,6 +11,7 @@ from ..common.waiting import WaitTimeout
 from .cordon import uncordon_if_ours
 from .cluster import TERMINAL
 from .pods import _current_uid, _recreate_pod, _wait_for_pod_end, stuck_containers
+from . import finished
 from .provider import CheckFailed, _bullets, _Provider, _short
 from .records import _last_record, _record
 from .smoke_criteria import SmokeResult, capture_claim, verify_smoke
@@ -71,6 +72,7 @@ class _SmokeTestVerificationProvider(_Provider):
                 f"node {node} stays cordoned. Fix the cause and run `pulumi up` again: {rerun}"
                 + (f"\n{note}" if note else "")
             )
+        finished.record(node)  # a dra node's last check: its slot's peers count it back (kube/finished.py)
         summary = f"passed: {pod} used {result.device} ({result.gpu_uuid}) via {result.claim}"
         # The output (the stack output node:<name>.smokeTest) stays short: the CLI cuts a value's lines at 150
         # characters (pulumi/pulumi pkg/backend/display/object_diff.go); pod and claim are outputs of their own.

@@ -26,7 +26,7 @@ from kubernetes import client
 from pulumi.dynamic import DiffResult, ReadResult, Resource
 
 from ..common.waiting import WaitTimeout, wait_for, waking_with
-from . import cluster, eviction
+from . import cluster, eviction, finished
 from .cordon import cordon, cordoned_for, uncordon_if_ours
 from .labels import DEVICE_PLUGIN_LABEL
 from .node_changes import woken_by_changes
@@ -250,6 +250,8 @@ class _NodePathSwitchProvider(_Provider):
             outs.update(verify_rollback(api, rollback_check(p, outs["rolling_back"])))
         if p.get("operator_namespace"):
             outs.update(check_readiness(api, readiness_check(p)))
+        if p["target"] != "dra":  # a device-plugin node's last step: its slot's peers count it back (kube/finished.py)
+            finished.record(p["node"], p.get("config_name") or "")
         return outs
 
 
