@@ -33,7 +33,8 @@ PARALLEL_HEADROOM = 8
 def parallel_needed(batch_size: int) -> int:
     """The `--parallel` under which every node in flight (`batch_size`: the slots) progresses at once (the engine runs
     at most `--parallel` steps together: pkg/resource/deploy/step_executor.go; its default is 4 x CPUs,
-    pkg/cmd/pulumi/operations/up.go `defaultParallel`). The dynamic-provider host is no bound (sdk_workarounds.widen_provider_host)."""
+    pkg/cmd/pulumi/operations/up.go `defaultParallel`). The dynamic-provider host is no bound
+    (sdk_workarounds.widen_provider_host)."""
     return batch_size + PARALLEL_HEADROOM
 
 
@@ -91,7 +92,7 @@ class Rollout(pulumi.ComponentResource):
     node's turn (the nodes in flight beside it). `first_after` (a `once_done([], ...)` value) holds the first gates
     back without a dependency edge, e.g. until the GPU Operator runs on the temporary pool. `finish(index, members)`
     declares what verifies a node once its steps are declared (before its slot frees). `resume_first`: the nodes an
-    earlier run left cordoned (the inventory's), which take the first slots."""
+    earlier run left out or broken before the run (the inventory's), which take the first slots."""
 
     def __init__(self, plan: Plan, gpu_nodes: dict[str, "GpuNode"], cfg: Any, after: list[pulumi.Resource],
                  migrate: Callable[["GpuNode", list[pulumi.Resource], pulumi.Output], None],

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import pulumi
 
 from ..plan import Plan
-from ..plan.slots import Slots, Start, resume_order  # noqa: F401 - resume_order: tests/fleet_sim.py
+from ..plan.slots import Slots, Start
 from ..sdk_workarounds import edge_free
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ class SlotTurns:
     def _check_finished(self) -> None:
         if self._all_done.done() or not self.slots.finished():
             return
-        if self.slots.failed or self.slots.stopped:
+        if self.slots.stopped:  # a failure, or the inventory's, stopped the rest
             self._all_done.set_exception(NodeStopped(f"{self.slots.stopped}"))
             self._all_done.exception()
         else:

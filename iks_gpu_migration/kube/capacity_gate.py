@@ -50,7 +50,7 @@ def node_view(node: dict) -> plan.NodeView:
 
 
 class _CapacityGateProvider(_Provider):
-    # kube_version: a kubeVersion bump replaces every migrated worker again, batch by batch behind its gate (issue 10).
+    # kube_version: a kubeVersion bump replaces every migrated worker again, each behind its gate (issue 10).
     rerun_on = ("batch", "stages", "min_available", "selector", "kube_version")
     # The rest steers a run only: the slot (nodes in flight, the node that freed it) differs every run; the node's
     # position, the timeouts and the shared budget's settings (its stack's node count) change when other entries do.

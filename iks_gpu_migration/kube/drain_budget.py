@@ -3,9 +3,10 @@
 The CapacityGate admitted the node (with the nodes in flight beside it: its `batch`) once; between then and this
 node's drain other GPU nodes may have gone NotReady or been cordoned (maintenance, a migration outside this run, a dra
 node held for its smoke test). So the gate's decision is taken again (plan.drain_decision): the node and the nodes in
-flight when it was admitted are out by admission, only what is unavailable beyond them counts.
-WorkerReplacementProvider calls this each time a replacement is about to drain, also on a resumed `up` (a gate recorded by an earlier run is not run again); a replacement whose replaceWorker was
-already requested does not drain, so it never waits here (its node is out already).
+flight when it was admitted (those not finished since) are out by admission, only what is unavailable beyond them
+counts. WorkerReplacementProvider calls this each time a replacement is about to drain, also on a resumed `up` (a gate
+recorded by an earlier run is not run again); a replacement whose replaceWorker was already requested does not drain,
+so it never waits here (its node is out already).
 
 With a shared budget (gpu-migration:sharedBudget) the fleet's budget is asked again too: the stack's claim must
 cover the batch (a resumed stack whose claim expired or was dropped claims it again here), and the fleet's GPU nodes
